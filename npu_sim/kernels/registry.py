@@ -1,0 +1,90 @@
+"""The kernel registry: how a KERNEL command finds the code that computes its values.
+
+A kernel is registered under the ONNX op type it implements (``"Conv"``, ``"QLinearMatMul"``)
+with a *values* function, and optionally a *cycles* function. The values function takes the
+input arrays (``None`` for an omitted optional input) and the node's attributes, and returns the
+output arrays; it never reads the clock. The cycles function takes the device config and the
+tensor specs and returns an :class:`npu_sim.cost.Cost`; it never touches tensor data. When a
+kernel has no cycles function of its own, :func:`npu_sim.cost.op_cost` prices it by op type.
+
+Registering is explicit, one decorator per kernel::
+
+    @kernel("Relu")
+    def relu(inputs, attrs):
+        (x,) = inputs
+        return [np.maximum(x, 0)]
+
+Tests and users may register their own kernels under new names the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import KernelError
+
+ValuesFn = Callable[[Sequence["np.ndarray | None"], Mapping[str, Any]], list[np.ndarray]]
+CyclesFn = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One registered kernel: its name, its values function and its optional cycles function."""
+
+    name: str
+    values: ValuesFn
+    cycles: CyclesFn | None = None
+
+
+_KERNELS: dict[str, Kernel] = {}
+
+
+def register_kernel(
+    name: str, values: ValuesFn, *, cycles: CyclesFn | None = None, replace: bool = False
+) -> Kernel:
+    """Register ``values`` (and optionally ``cycles``) under ``name``.
+
+    Registering a name twice is an error unless ``replace`` is true, so two modules cannot
+    silently shadow each other.
+    """
+    if not isinstance(name, str) or not name:
+        raise KernelError(str(name), "", "kernel name must be a non-empty string")
+    if name in _KERNELS and not replace:
+        raise KernelError(name, "", "a kernel is already registered under this name")
+    entry = Kernel(name, values, cycles)
+    _KERNELS[name] = entry
+    return entry
+
+
+def kernel(name: str, *, cycles: CyclesFn | None = None) -> Callable[[ValuesFn], ValuesFn]:
+    """Decorator form of :func:`register_kernel`."""
+
+    def wrap(fn: ValuesFn) -> ValuesFn:
+        register_kernel(name, fn, cycles=cycles)
+        return fn
+
+    return wrap
+
+
+def unregister_kernel(name: str) -> None:
+    """Remove a kernel (for tests that register temporary ones)."""
+    _KERNELS.pop(name, None)
+
+
+def lookup(name: str, node: str = "") -> Kernel:
+    """The kernel registered under ``name``; an unknown name lists the registered ones."""
+    try:
+        return _KERNELS[name]
+    except KeyError:
+        raise KernelError(
+            name, node, f"no kernel registered under this name; registered: {', '.join(names())}"
+        ) from None
+
+
+def names() -> list[str]:
+    """Names of all registered kernels, sorted."""
+    return sorted(_KERNELS)
