@@ -1,0 +1,104 @@
+"""The execution-provider interface, in ONNX Runtime's shape.
+
+An execution provider (EP) is asked three things by the framework:
+
+1. :meth:`ExecutionProvider.get_capability`: which nodes of this graph can you take? It answers
+   with :class:`ComputeCapability` groups (node indices of a :class:`~ep.framework.graph.GraphView`)
+   and, for every node it declines, a reason a user can read
+   (:meth:`ExecutionProvider.decline_reasons`).
+2. :meth:`ExecutionProvider.compile`: here are the partitions you were assigned, each as a
+   :class:`FusedNode` holding its own subgraph; return a :class:`CompiledNode` for each that
+   runs it.
+3. :meth:`ExecutionProvider.get_ep_context_nodes`: the ``EPContext`` nodes (domain
+   ``com.microsoft``) standing for what you compiled, when context generation is enabled.
+
+The framework partitions providers in priority order, first come first served, keeps the
+partitions acyclic, runs what nobody took on the CPU provider, and writes/reads EPContext models.
+A user can write another EP in Python against this interface.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+
+if TYPE_CHECKING:
+    from .graph import GraphView
+
+
+@dataclass(frozen=True)
+class ComputeCapability:
+    """A group of nodes (indices into ``GraphView.nodes``) an EP offers to run as one unit."""
+
+    nodes: tuple[int, ...]
+
+
+@dataclass
+class FusedNode:
+    """A partition assigned to an EP: a fused node standing for a self-contained subgraph.
+
+    ``graph`` is a standalone ``onnx.GraphProto`` (its inputs and outputs typed with static or
+    symbolic shapes, the initializers it uses included) whose inputs and outputs are exactly
+    ``inputs`` and ``outputs``, in order. ``opset_imports`` are the source model's. ``source``
+    nodes are the indices of the original nodes it replaces.
+    """
+
+    name: str
+    graph: onnx.GraphProto
+    inputs: list[str]
+    outputs: list[str]
+    opset_imports: list[onnx.OperatorSetIdProto]
+    source_nodes: tuple[int, ...] = ()
+
+
+class CompiledNode(ABC):
+    """What an EP returns for one fused node: something that runs it."""
+
+    name: str
+
+    @abstractmethod
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Compute the outputs (in ``FusedNode.outputs`` order) from the inputs (in order)."""
+
+
+@dataclass
+class ProviderContext:
+    """What the framework tells an EP at creation: its options and the session's config."""
+
+    provider_options: Mapping[str, str] = field(default_factory=dict)
+    session_config: Mapping[str, str] = field(default_factory=dict)
+    model_path: str | None = None
+
+
+class ExecutionProvider(ABC):
+    """Base class of execution providers. ``type`` is the provider's registered name."""
+
+    type: str = ""
+
+    def __init__(self, context: ProviderContext | None = None) -> None:
+        self.context = context or ProviderContext()
+
+    @abstractmethod
+    def get_capability(self, graph: GraphView) -> list[ComputeCapability]:
+        """The groups of nodes this EP can run. Nodes already assigned must not be offered."""
+
+    def decline_reasons(self, graph: GraphView) -> dict[int, str]:
+        """For each node this EP declines, why (e.g. ``"Resize: mode=cubic not supported"``)."""
+        return {}
+
+    @abstractmethod
+    def compile(self, fused_nodes: Sequence[FusedNode]) -> list[CompiledNode]:
+        """Compile the assigned partitions; one :class:`CompiledNode` per fused node, in order."""
+
+    def get_ep_context_nodes(self) -> list[onnx.NodeProto]:
+        """EPContext nodes for what :meth:`compile` compiled (empty unless generation is on)."""
+        return []
+
+    def run_stats(self) -> dict[str, Any]:
+        """Counters from the last run (simulated cycles, utilization...); empty by default."""
+        return {}
