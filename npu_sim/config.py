@@ -241,7 +241,7 @@ def _name(name: str, value: Any) -> None:
 _CHECKS = {
     "name": _name,
     "clock_ghz": _float_range(0.0, 10.0, open_low=True),
-    "cores": _int_range(1, 256),
+    "cores": _int_range(1, 64),
     "array_rows": _int_range(1, 1024),
     "array_cols": _int_range(1, 1024),
     "dataflow": _choice(DATAFLOWS),

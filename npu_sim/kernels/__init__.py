@@ -9,4 +9,18 @@ command finds them.
 
 from .registry import Kernel, kernel, lookup, names, register_kernel, unregister_kernel
 
+# Importing a kernel module registers its kernels; numba compiles each on first call only.
+from . import (  # noqa: E402, F401
+    activations,
+    conv,
+    elementwise,
+    gemm,
+    norm,
+    pool,
+    quant,
+    reduce,
+    resize,
+    shape,
+)
+
 __all__ = ["Kernel", "kernel", "lookup", "names", "register_kernel", "unregister_kernel"]

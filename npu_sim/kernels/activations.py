@@ -1,0 +1,1 @@
+"""Kernels: activations (being written)."""

@@ -1,0 +1,1 @@
+"""Kernels: conv (being written)."""

@@ -1,0 +1,1 @@
+"""Kernels: elementwise (being written)."""

@@ -1,0 +1,1 @@
+"""Kernels: gemm (being written)."""

@@ -1,0 +1,1 @@
+"""Kernels: norm (being written)."""

@@ -1,0 +1,1 @@
+"""Kernels: pool (being written)."""

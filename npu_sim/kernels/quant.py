@@ -1,0 +1,1 @@
+"""Kernels: quant (being written)."""

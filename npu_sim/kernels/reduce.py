@@ -1,0 +1,1 @@
+"""Kernels: reduce (being written)."""
