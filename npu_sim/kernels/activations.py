@@ -1,1 +1,305 @@
-"""Kernels: activations (being written)."""
+"""Kernels: activation functions, standalone and fused into a producer (Conv, Gemm, MatMul).
+
+An activation is one elementwise function of one tensor with a few float parameters. The same
+code computes it whether it runs as its own node (``Relu``) or is fused into the op that
+produced its input: :func:`apply_activation` is the single entry point, and the standalone
+kernels registered here are thin wrappers that turn ONNX attributes into its ``params``
+(:func:`activation_params`).
+
+Parameters, in order, with ONNX defaults when omitted:
+
+=============  ==========================  ===========================================
+name           params                      function
+=============  ==========================  ===========================================
+Relu           ()                          max(x, 0)
+LeakyRelu      (alpha=0.01,)               x if x >= 0 else alpha * x
+Clip           (min=-inf, max=+inf)        min(max(x, min), max)
+Sigmoid        ()                          1 / (1 + exp(-x))
+HardSigmoid    (alpha=0.2, beta=0.5)       max(0, min(1, alpha * x + beta))
+HardSwish      ()                          x * max(0, min(1, x / 6 + 0.5))
+Tanh           ()                          tanh(x)
+Gelu           (approximate=0.0,)          0.0: exact, x/2 (1 + erf(x / sqrt 2));
+                                           1.0: ONNX approximate="tanh"
+=============  ==========================  ===========================================
+
+Half-precision inputs (float16, bfloat16) are computed in float32 and rounded once to the input
+dtype. Relu and Clip also take integer tensors, as ONNX allows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+from numba import njit
+
+from ..errors import KernelError
+from .registry import kernel
+
+HALF_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), *HALF_DTYPES)
+INT_DTYPES = tuple(
+    np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32,
+                          np.int64, np.uint64)
+)
+
+
+def require_dtype(op: str, x: np.ndarray, allowed: Sequence[np.dtype], what: str = "input") -> None:
+    """Raise :class:`KernelError` unless ``x`` is a numpy array of one of the ``allowed`` dtypes."""
+    if not isinstance(x, np.ndarray):
+        raise KernelError(op, "", f"{what} must be a numpy array, got {type(x).__name__}")
+    if x.dtype not in allowed:
+        names = ", ".join(str(d) for d in allowed)
+        raise KernelError(op, "", f"{what} dtype {x.dtype} is not supported; "
+                                  f"expected one of {names}")
+
+
+def to_compute(x: np.ndarray) -> np.ndarray:
+    """``x`` in the dtype its arithmetic runs in: float32 for half types, itself otherwise."""
+    return x.astype(np.float32) if x.dtype in HALF_DTYPES else x
+
+
+def from_compute(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Round a computed result once to the tensor's ``dtype`` (no copy if it already is)."""
+    return y if y.dtype == dtype else y.astype(dtype)
+
+
+def input_count(op: str, inputs: Sequence[np.ndarray | None], low: int, high: int) -> None:
+    """Raise :class:`KernelError` unless ``low <= len(inputs) <= high``."""
+    if not low <= len(inputs) <= high:
+        want = str(low) if low == high else f"{low} to {high}"
+        raise KernelError(op, "", f"takes {want} inputs, got {len(inputs)}")
+
+
+def required(op: str, inputs: Sequence[np.ndarray | None], index: int, name: str) -> np.ndarray:
+    """Input ``index`` (named ``name`` in the error), which must be present."""
+    if index >= len(inputs) or inputs[index] is None:
+        raise KernelError(op, "", f"required input {index} ({name}) is missing")
+    x = inputs[index]
+    if not isinstance(x, np.ndarray):
+        raise KernelError(op, "", f"input {index} ({name}) must be a numpy array, "
+                                  f"got {type(x).__name__}")
+    return x
+
+
+# --- fused loops ---------------------------------------------------------------------------
+# Each works on flat contiguous arrays and writes ``out`` (which may alias ``x``): one pass over
+# memory instead of numpy's chain of temporaries.
+
+
+@njit(cache=True)
+def _leaky_relu(x, out, alpha):  # pragma: no cover - numba
+    for i in range(x.size):
+        v = x[i]
+        out[i] = v if v >= 0 else v * alpha
+
+
+@njit(cache=True)
+def _sigmoid(x, out):  # pragma: no cover - numba
+    for i in range(x.size):
+        v = x[i]
+        # Two branches so exp never overflows: exp of a non-positive number is at most 1.
+        if v >= 0:
+            out[i] = 1.0 / (1.0 + math.exp(-v))
+        else:
+            e = math.exp(v)
+            out[i] = e / (1.0 + e)
+
+
+@njit(cache=True)
+def _hard_sigmoid(x, out, alpha, beta):  # pragma: no cover - numba
+    for i in range(x.size):
+        out[i] = min(1.0, max(0.0, alpha * x[i] + beta))
+
+
+@njit(cache=True)
+def _hard_swish(x, out):  # pragma: no cover - numba
+    for i in range(x.size):
+        v = x[i]
+        out[i] = v * min(1.0, max(0.0, v / 6.0 + 0.5))
+
+
+@njit(cache=True)
+def _gelu(x, out):  # pragma: no cover - numba
+    for i in range(x.size):
+        v = x[i]
+        out[i] = 0.5 * v * (1.0 + math.erf(v * 0.7071067811865476))
+
+
+@njit(cache=True)
+def _gelu_tanh(x, out):  # pragma: no cover - numba
+    for i in range(x.size):
+        v = x[i]
+        out[i] = 0.5 * v * (1.0 + math.tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
+
+
+@njit(cache=True)
+def _erf(x, out):  # pragma: no cover - numba
+    for i in range(x.size):
+        out[i] = math.erf(x[i])
+
+
+def _flat_loop(loop: Callable[..., None], *params: float) -> Callable[..., None]:
+    def run(x: np.ndarray, out: np.ndarray) -> None:
+        loop(x.reshape(-1), out.reshape(-1), *params)
+
+    return run
+
+
+def _relu(x: np.ndarray, out: np.ndarray) -> None:
+    np.maximum(x, 0, out=out)
+
+
+def _tanh(x: np.ndarray, out: np.ndarray) -> None:
+    np.tanh(x, out=out)
+
+
+def _clip_bounds(params: tuple[float, ...]) -> tuple[float, float]:
+    lo = params[0] if len(params) > 0 else -math.inf
+    hi = params[1] if len(params) > 1 else math.inf
+    return lo, hi
+
+
+# name -> (number of params allowed, defaults, builder(params) -> run(x, out)). A builder is
+# handed the params padded with the defaults.
+_Builder = Callable[[tuple[float, ...]], Callable[[np.ndarray, np.ndarray], None]]
+_ACTIVATIONS: dict[str, tuple[tuple[float, ...], _Builder]] = {
+    "Relu": ((), lambda p: _relu),
+    "LeakyRelu": ((0.01,), lambda p: _flat_loop(_leaky_relu, p[0])),
+    "Clip": ((-math.inf, math.inf),
+             lambda p: lambda x, out: np.clip(x, p[0], p[1], out=out)),
+    "Sigmoid": ((), lambda p: _flat_loop(_sigmoid)),
+    "HardSigmoid": ((0.2, 0.5), lambda p: _flat_loop(_hard_sigmoid, p[0], p[1])),
+    "HardSwish": ((), lambda p: _flat_loop(_hard_swish)),
+    "Tanh": ((), lambda p: _tanh),
+    "Gelu": ((0.0,), lambda p: _flat_loop(_gelu_tanh if p[0] else _gelu)),
+    "Erf": ((), lambda p: _flat_loop(_erf)),
+}
+
+# Activations a producer may fuse (Erf is a plain math function, not an activation).
+ACTIVATIONS: tuple[str, ...] = tuple(n for n in _ACTIVATIONS if n != "Erf")
+
+
+def apply_activation(
+    x: np.ndarray, name: str, params: tuple[float, ...] = (), *, inplace: bool = False
+) -> np.ndarray:
+    """``name`` applied elementwise to ``x``; same shape and dtype as ``x``.
+
+    ``params`` are the activation's float parameters in the order of the module table (missing
+    trailing ones take the ONNX defaults). With ``inplace`` the result is written into ``x`` when
+    ``x`` is a writable float32/float64 array (a fused producer owns its output buffer, so this
+    saves a pass over memory); otherwise a new array is returned. Unknown names, too many params
+    and unsupported dtypes raise :class:`KernelError`.
+    """
+    if name not in _ACTIVATIONS:
+        raise KernelError(name, "", f"unknown activation {name!r}; supported: "
+                                    f"{', '.join(ACTIVATIONS)}")
+    defaults, build = _ACTIVATIONS[name]
+    params = tuple(float(p) for p in params)
+    if len(params) > len(defaults):
+        raise KernelError(name, "", f"takes at most {len(defaults)} params, got {params}")
+    if not isinstance(x, np.ndarray):
+        raise KernelError(name, "", f"input must be a numpy array, got {type(x).__name__}")
+    full = params + defaults[len(params):]
+    if x.dtype in INT_DTYPES and name in ("Relu", "Clip"):
+        return _integer_activation(x, name, full)
+    require_dtype(name, x, FLOAT_DTYPES)
+    if name == "Gelu" and full[0] not in (0.0, 1.0):
+        raise KernelError(name, "", f"approximate param must be 0.0 (none) or 1.0 (tanh), "
+                                    f"got {full[0]}")
+    xc = np.ascontiguousarray(to_compute(x))
+    if xc is not x or (inplace and x.flags.writeable):
+        out = xc  # a fresh float32 copy (half input, strided input) or the caller's buffer
+    else:
+        out = np.empty(xc.shape, xc.dtype)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        build(full)(xc, out)
+    return from_compute(out, x.dtype)
+
+
+def _integer_activation(x: np.ndarray, name: str, full: tuple[float, ...]) -> np.ndarray:
+    if name == "Relu":
+        return np.maximum(x, x.dtype.type(0))
+    info = np.iinfo(x.dtype)
+    lo, hi = (int(max(min(b, info.max), info.min)) if math.isfinite(b) else
+              (info.min if b < 0 else info.max) for b in full)
+    return np.minimum(np.maximum(x, x.dtype.type(lo)), x.dtype.type(hi))
+
+
+def activation_params(
+    op: str, attrs: Mapping[str, Any], inputs: Sequence[np.ndarray | None] = ()
+) -> tuple[float, ...]:
+    """The ``params`` of :func:`apply_activation` for an ONNX node of type ``op``.
+
+    ``attrs`` are the node's attributes (ONNX defaults apply when absent); ``inputs`` are its
+    inputs, which matter only for Clip (min and max are inputs 1 and 2 since opset 11, and
+    attributes in opset 6).
+    """
+    if op == "LeakyRelu":
+        return (float(attrs.get("alpha", 0.01)),)
+    if op == "HardSigmoid":
+        return (float(attrs.get("alpha", 0.2)), float(attrs.get("beta", 0.5)))
+    if op == "Gelu":
+        approx = attrs.get("approximate", "none")
+        if approx not in ("none", "tanh"):
+            raise KernelError(op, "", f"approximate={approx!r} is invalid; expected 'none' or "
+                                      f"'tanh'")
+        return (1.0 if approx == "tanh" else 0.0,)
+    if op == "Clip":
+        return _clip_params(attrs, inputs)
+    return ()
+
+
+def _clip_params(attrs: Mapping[str, Any], inputs: Sequence[np.ndarray | None]) -> tuple[
+        float, float]:
+    bounds = []
+    for index, key, default in ((1, "min", -math.inf), (2, "max", math.inf)):
+        value = inputs[index] if index < len(inputs) else None
+        if value is not None:
+            value = np.asarray(value)
+            if value.size != 1:
+                raise KernelError("Clip", "", f"{key} must be a scalar, got shape {value.shape}")
+            bounds.append(float(value.reshape(())))
+        else:
+            bounds.append(float(attrs.get(key, default)))
+    return bounds[0], bounds[1]
+
+
+def _register_activation(op: str) -> None:
+    low, high = (1, 3) if op == "Clip" else (1, 1)
+
+    def values(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[np.ndarray]:
+        input_count(op, inputs, low, high)
+        x = required(op, inputs, 0, "X")
+        return [apply_activation(x, op, activation_params(op, attrs, inputs))]
+
+    values.__name__ = values.__qualname__ = op.lower()
+    values.__doc__ = f"ONNX {op}: see :func:`apply_activation`."
+    kernel(op)(values)
+
+
+for _op in _ACTIVATIONS:
+    _register_activation(_op)
+
+
+@kernel("PRelu")
+def prelu(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[np.ndarray]:
+    """ONNX PRelu: ``x if x >= 0 else slope * x``, ``slope`` broadcast to ``x``'s shape."""
+    input_count("PRelu", inputs, 2, 2)
+    x = required("PRelu", inputs, 0, "X")
+    slope = required("PRelu", inputs, 1, "slope")
+    require_dtype("PRelu", x, FLOAT_DTYPES + INT_DTYPES)
+    if slope.dtype != x.dtype:
+        raise KernelError("PRelu", "", f"slope dtype {slope.dtype} differs from X dtype {x.dtype}")
+    try:
+        shape = np.broadcast_shapes(x.shape, slope.shape)
+    except ValueError:
+        shape = None
+    if shape != x.shape:
+        raise KernelError("PRelu", "", f"slope shape {slope.shape} does not broadcast to X shape "
+                                       f"{x.shape}")
+    xc, sc = to_compute(x), to_compute(slope)
+    return [from_compute(np.where(xc < 0, xc * sc, xc), x.dtype)]
