@@ -44,7 +44,8 @@ def single_node_model(
             graph_inputs.append(helper.make_tensor_value_info(name, elem, arr.shape))
     out_names = [f"out{i}" for i in range(n_outputs)]
     node = helper.make_node(op_type, in_names, out_names, domain=domain, **(attrs or {}))
-    outputs = [helper.make_tensor_value_info(n, 0, None) for n in out_names]
+    # Name-only outputs: onnxruntime infers their types (it rejects elem_type 0, UNDEFINED).
+    outputs = [onnx.ValueInfoProto(name=n) for n in out_names]
     graph = helper.make_graph([node], "single", graph_inputs, outputs, initializer=inits)
     opsets = [helper.make_opsetid("", opset)]
     if domain:
