@@ -16,6 +16,18 @@ driver-level API that ties them together.
 """
 
 from .config import DeviceConfig
+from .device import HOST_IOVA_BASE, Device
 from .dtypes import TensorSpec
+from .hbm import DeviceBuffer, Hbm
+from .trace import TraceRecord, TraceRecorder
 
-__all__ = ["DeviceConfig", "TensorSpec"]
+__all__ = [
+    "HOST_IOVA_BASE",
+    "Device",
+    "DeviceBuffer",
+    "DeviceConfig",
+    "Hbm",
+    "TensorSpec",
+    "TraceRecord",
+    "TraceRecorder",
+]

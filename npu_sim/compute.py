@@ -1,0 +1,170 @@
+"""Compute cores: where kernels run. Values come from kernels, cycles from the cost model.
+
+The device has ``config.cores`` cores (scope ``npu.coreN``), each a simpy resource. A launch
+(:meth:`Compute.execute`) names the op, its input and output tensors (an HBM address and a
+:class:`~npu_sim.dtypes.TensorSpec` each) and the cores to run on. It
+
+1. waits for its ``deps``, then acquires every requested core (in ascending order, so two
+   launches can never deadlock over cores);
+2. prices the launch: with the kernel's own ``cycles(config, in_specs, out_specs, attrs,
+   cores=n)`` if it registered one, else with :func:`npu_sim.cost.op_cost`; either returns a
+   cost with ``total_cycles`` (and optionally ``macs``);
+3. in functional mode, reads the inputs from HBM as arrays of their spec's shape and dtype,
+   calls the kernel's values function and checks every output against its spec;
+4. holds the cores for ``total_cycles``, then writes the outputs to HBM and releases the cores.
+
+The two halves never meet: the kernel never sees the clock and the cost never sees data. In
+timing-only mode (``functional=False``) no tensor byte is read or written. Whatever goes
+wrong inside a kernel or its pricing fails the launch with a
+:class:`~npu_sim.errors.KernelError`; the cores are released and nothing is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import simpy
+
+from . import dtypes
+from .config import DeviceConfig
+from .dtypes import TensorSpec
+from .errors import KernelError, NpuSimError
+from .hbm import Hbm
+from .trace import TraceRecorder, record_ids, tag
+
+Operand = tuple[int, TensorSpec]
+
+
+class Compute:
+    """The compute cores of one device and the dispatch of kernel launches onto them."""
+
+    def __init__(self, env: simpy.Environment, config: DeviceConfig, hbm: Hbm,
+                 trace: TraceRecorder) -> None:
+        self.env = env
+        self.config = config
+        self.hbm = hbm
+        self.trace = trace
+        self.cores = [simpy.Resource(env, 1) for _ in range(config.cores)]
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        """Zero every counter."""
+        self._stats: dict[str, int] = {"compute.kernels": 0, "compute.macs": 0}
+        for i in range(self.config.cores):
+            self._stats[f"core.{i}.busy_cycles"] = 0
+
+    def stats(self) -> dict[str, int]:
+        """Counters: kernels run, MACs (when the cost reports them), busy cycles per core."""
+        return dict(self._stats)
+
+    def execute(self, op: str, inputs: Sequence[Operand | None], outputs: Sequence[Operand],
+                attrs: Mapping[str, Any], *, cores: Sequence[int], node: str = "",
+                functional: bool = True, deps: Sequence[simpy.Event] = ()) -> simpy.Process:
+        """Launch ``op`` on ``cores``; the returned process ends when the outputs are written.
+
+        Bad core indices, an unknown op or (in functional mode) an operand outside a live
+        allocation raise at once; kernel failures fail the returned process with KernelError.
+        """
+        from .kernels.registry import lookup
+
+        cores = tuple(cores)
+        if not cores or len(set(cores)) != len(cores) or not all(
+                isinstance(c, int) and 0 <= c < self.config.cores for c in cores):
+            raise KernelError(op, node, f"cores={list(cores)}: expected distinct core indices "
+                                        f"in [0, {self.config.cores})")
+        kern = lookup(op, node)
+        if len(outputs) == 0 or any(o is None for o in outputs):
+            raise KernelError(op, node, "every launch needs at least one output, none omitted")
+        if functional:
+            for operand in [*inputs, *outputs]:
+                if operand is not None and operand[1].nbytes:
+                    try:
+                        self.hbm.locate(operand[0], operand[1].nbytes)
+                    except NpuSimError as exc:
+                        raise KernelError(op, node, f"operand {operand[1]}: {exc}") from None
+        return self.env.process(self._run(kern, op, list(inputs), list(outputs), dict(attrs),
+                                          tuple(sorted(cores)), node, functional, tuple(deps)))
+
+    def _run(self, kern, op, inputs, outputs, attrs, cores, node, functional, deps):
+        if deps:
+            yield simpy.AllOf(self.env, deps)
+        in_specs = [None if x is None else x[1] for x in inputs]
+        out_specs = [spec for _, spec in outputs]
+        requests = [self.cores[c].request() for c in cores]
+        try:
+            for req in requests:
+                yield req
+            start = self.env.now
+            cost = self._price(kern, op, node, in_specs, out_specs, attrs, len(cores))
+            results = self._values(kern, op, node, inputs, outputs, attrs) if functional else ()
+            yield self.env.timeout(cost.total_cycles)
+        finally:
+            for c, req in zip(cores, requests, strict=True):
+                req.cancel()  # withdraws a request still waiting; no-op once granted
+                self.cores[c].release(req)
+        for (address, _), value in zip(outputs, results, strict=functional):
+            self.hbm.write(address, value)
+        end = self.env.now
+        macs = int(getattr(cost, "macs", 0) or 0)
+        self._stats["compute.kernels"] += 1
+        self._stats["compute.macs"] += macs
+        for c in cores:
+            self._stats[f"core.{c}.busy_cycles"] += end - start
+        work = {
+            "op": op, "cores": len(cores), "macs": macs, "attrs": attrs,
+            "inputs": [None if s is None else [list(s.shape), s.dtype] for s in in_specs],
+            "outputs": [[list(s.shape), s.dtype] for s in out_specs],
+            "bytes": sum(s.nbytes for s in [*in_specs, *out_specs] if s is not None),
+        }
+        rid = self.trace.record("kernel", f"core{cores[0]}", f"npu.core{cores[0]}",
+                                node or op, start, end, record_ids(deps), work)
+        tag(self.env.active_process, rid)
+        return rid
+
+    def _price(self, kern, op, node, in_specs, out_specs, attrs, ncores):
+        try:
+            if kern.cycles is not None:
+                cost = kern.cycles(self.config, in_specs, out_specs, attrs, cores=ncores)
+            else:
+                from .cost import op_cost
+
+                cost = op_cost(self.config, op, in_specs, out_specs, attrs, cores=ncores)
+        except NpuSimError as exc:
+            raise KernelError(op, node, f"cannot price the launch: {exc}") from exc
+        except Exception as exc:  # a cost function bug must not escape as a raw traceback
+            raise KernelError(op, node, f"cost function raised {exc!r}") from exc
+        cycles = getattr(cost, "total_cycles", None)
+        if isinstance(cycles, bool) or not isinstance(cycles, (int, np.integer)) or cycles < 0:
+            raise KernelError(op, node, f"cost total_cycles={cycles!r}; expected an int >= 0")
+        return cost
+
+    def _values(self, kern, op, node, inputs, outputs, attrs) -> list[np.ndarray]:
+        try:
+            arrays = [None if x is None else self._load(*x) for x in inputs]
+        except NpuSimError as exc:  # an input was freed after the launch was accepted
+            raise KernelError(op, node, f"cannot read inputs: {exc}") from exc
+        try:
+            results = list(kern.values(arrays, attrs))
+        except KernelError:
+            raise
+        except Exception as exc:  # any kernel failure is a typed error naming the launch
+            raise KernelError(op, node, f"kernel raised {exc!r}") from exc
+        if len(results) != len(outputs):
+            raise KernelError(op, node, f"expected {len(outputs)} outputs, got {len(results)}")
+        checked = []
+        for i, ((_, spec), value) in enumerate(zip(outputs, results, strict=True)):
+            want = dtypes.to_numpy(spec.dtype)
+            got_shape = getattr(value, "shape", None)
+            got_dtype = getattr(value, "dtype", None)
+            if got_shape != spec.shape or got_dtype != want:
+                raise KernelError(op, node, f"output {i}: expected shape {spec.shape} dtype "
+                                            f"{spec.dtype}, got shape {got_shape} dtype "
+                                            f"{got_dtype}")
+            checked.append(np.ascontiguousarray(value))
+        return checked
+
+    def _load(self, address: int, spec: TensorSpec) -> np.ndarray:
+        raw = self.hbm.read(address, spec.nbytes) if spec.nbytes else np.zeros(0, np.uint8)
+        return raw.view(dtypes.to_numpy(spec.dtype)).reshape(spec.shape)

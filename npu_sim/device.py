@@ -1,0 +1,167 @@
+"""The driver-level API: one simulated NPU on one simpy clock.
+
+:class:`Device` ties the components together and is what a runtime (the firmware model, the
+EP, a test) talks to::
+
+    dev = Device("npu-m")
+    buf = dev.malloc(x.nbytes)
+    dev.memcpy_h2d_async(buf, x)
+    out = np.empty_like(x)
+    dev.memcpy_d2h_async(out, buf)
+    dev.synchronize()          # runs the clock until every queued transfer has landed
+    dev.now, dev.stats()["dma.h2d.bytes"]
+
+The components are public attributes for the layers above: ``hbm`` (:class:`~npu_sim.hbm.Hbm`),
+``dma`` (:class:`~npu_sim.dma.DmaEngine`), ``compute`` (:class:`~npu_sim.compute.Compute`),
+``trace`` (:class:`~npu_sim.trace.TraceRecorder`) and ``env`` (the simpy environment). Nothing
+depends on wall-clock time: the same calls always give the same cycles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import simpy
+
+from .compute import Compute
+from .config import DeviceConfig
+from .dma import DMA_ALIGNMENT, HOST_IOVA_BASE, DmaEngine, HostMap
+from .errors import ConfigError, DmaFault
+from .hbm import DeviceBuffer, Hbm
+from .trace import TraceRecorder
+
+__all__ = ["DMA_ALIGNMENT", "HOST_IOVA_BASE", "Device", "DeviceBuffer"]
+
+class Device:
+    """A simulated NPU: config, clock, HBM, DMA engines, compute cores and a trace.
+
+    ``config`` is a :class:`DeviceConfig`, a preset name, or None for ``npu-m``; ``allocator``
+    names the HBM allocation strategy (``first_fit``, ``best_fit``, ``mru``).
+    """
+
+    def __init__(self, config: DeviceConfig | str | None = None, *,
+                 allocator: str = "best_fit") -> None:
+        if config is None:
+            config = DeviceConfig.preset("npu-m")
+        elif isinstance(config, str):
+            config = DeviceConfig.preset(config)
+        elif not isinstance(config, DeviceConfig):
+            raise ConfigError("config", config, "a DeviceConfig, a preset name or None")
+        self.config = config
+        self.env = simpy.Environment()
+        self.trace = TraceRecorder()
+        self.hbm = Hbm(config, allocator)
+        self.id = self.hbm.device_id
+        self.host_map = HostMap()
+        self.dma = DmaEngine(self.env, config, self.hbm, self.host_map, self.trace)
+        self.compute = Compute(self.env, config, self.hbm, self.trace)
+
+    def __repr__(self) -> str:
+        return f"Device(id={self.id}, config={self.config.name!r}, now={self.now})"
+
+    @property
+    def now(self) -> int:
+        """Simulated time in cycles."""
+        return int(self.env.now)
+
+    # -- memory -------------------------------------------------------------------------------
+
+    def malloc(self, nbytes: int) -> DeviceBuffer:
+        """Allocate HBM (see :meth:`Hbm.malloc`)."""
+        return self.hbm.malloc(nbytes)
+
+    def free(self, buf: DeviceBuffer) -> None:
+        """Release HBM (see :meth:`Hbm.free`)."""
+        self.hbm.free(buf)
+
+    def map_host(self, array: np.ndarray) -> int:
+        """Make a C-contiguous host array reachable by DMA; returns its I/O virtual address."""
+        return self.host_map.map(array)
+
+    def unmap_host(self, iova: int) -> None:
+        """Remove a mapping made by :meth:`map_host`."""
+        self.host_map.unmap(iova)
+
+    # -- copies -------------------------------------------------------------------------------
+
+    # Copies are concurrent unless ordered: there are no implicit streams. Pass the events a
+    # copy must wait for as ``deps`` (e.g. a d2h after the kernel that produced its data).
+
+    def memcpy_h2d_async(self, dst: DeviceBuffer, host_array: np.ndarray, dst_offset: int = 0,
+                         *, deps: Sequence[simpy.Event] = ()) -> simpy.Event:
+        """Copy all of ``host_array`` to ``dst`` at ``dst_offset``; an event for its arrival."""
+        array = self._host_array(host_array, writable=False)
+        self._check_range(dst, dst_offset, array.nbytes, "dst")
+        return self._copy_host(array, dst.address + dst_offset, to_device=True, deps=deps)
+
+    def memcpy_d2h_async(self, host_array: np.ndarray, src: DeviceBuffer, src_offset: int = 0,
+                         *, deps: Sequence[simpy.Event] = ()) -> simpy.Event:
+        """Fill ``host_array`` from ``src`` at ``src_offset``; an event for its arrival."""
+        array = self._host_array(host_array, writable=True)
+        self._check_range(src, src_offset, array.nbytes, "src")
+        return self._copy_host(array, src.address + src_offset, to_device=False, deps=deps)
+
+    def memcpy_d2d_async(self, dst: DeviceBuffer, src: DeviceBuffer, nbytes: int,
+                         dst_offset: int = 0, src_offset: int = 0,
+                         *, deps: Sequence[simpy.Event] = ()) -> simpy.Event:
+        """Copy ``nbytes`` within HBM from ``src`` (+offset) to ``dst`` (+offset)."""
+        self._check_range(src, src_offset, nbytes, "src")
+        self._check_range(dst, dst_offset, nbytes, "dst")
+        return self.dma.transfer(src.address + src_offset, dst.address + dst_offset, nbytes,
+                                 deps=deps)
+
+    def synchronize(self) -> None:
+        """Run the clock until nothing is left to happen (every queued copy and command).
+
+        A transfer or kernel that failed and that nobody waited on raises its typed error here.
+        """
+        self.env.run()
+
+    def _copy_host(self, array: np.ndarray, device_address: int, *, to_device: bool,
+                   deps: Sequence[simpy.Event]) -> simpy.Event:
+        if array.nbytes == 0:  # nothing to move: already complete
+            return self.env.event().succeed()
+        iova = self.host_map.map(array)
+        src, dst = (iova, device_address) if to_device else (device_address, iova)
+        try:
+            done = self.dma.transfer(src, dst, array.nbytes, deps=deps)
+        except DmaFault:
+            self.host_map.unmap(iova)
+            raise
+        done.callbacks.append(lambda _: self.host_map.unmap(iova))
+        return done
+
+    def _host_array(self, array: Any, *, writable: bool) -> np.ndarray:
+        if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
+            raise DmaFault("npu.dma", f"host array must be a C-contiguous numpy array, got "
+                                      f"{type(array).__name__}")
+        if writable and not array.flags.writeable:
+            raise DmaFault("npu.dma", "host array is read-only; a d2h copy needs to write it")
+        return array
+
+    def _check_range(self, buf: DeviceBuffer, offset: int, nbytes: int, role: str) -> None:
+        if not isinstance(buf, DeviceBuffer) or buf.device_id != self.id or buf.freed:
+            raise DmaFault("npu.dma", f"{role}={buf!r} is not a live buffer of device {self.id}")
+        if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) \
+                or isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
+            raise DmaFault("npu.dma", f"{role} offset={offset!r}, nbytes={nbytes!r}; expected "
+                                      "ints")
+        if offset < 0 or nbytes < 0 or offset + nbytes > buf.nbytes:
+            raise DmaFault("npu.dma", f"{role} range [{offset}, {offset}+{nbytes}) is outside "
+                                      f"the buffer's {buf.nbytes} bytes")
+
+    # -- statistics ---------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """All counters, flat: ``hbm.*``, ``dma.*``, ``compute.*``, ``core.N.*`` and
+        ``device.cycles``."""
+        return {**self.hbm.stats(), **self.dma.stats(), **self.compute.stats(),
+                "device.cycles": self.now}
+
+    def reset_stats(self) -> None:
+        """Zero the counters (the clock, allocations and trace are untouched)."""
+        self.hbm.reset_stats()
+        self.dma.reset_stats()
+        self.compute.reset_stats()

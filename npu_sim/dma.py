@@ -1,0 +1,222 @@
+"""DMA: channels that move bytes between host memory and HBM, or within HBM.
+
+Addresses say where bytes live. HBM addresses start at 0; host memory the device may touch is
+mapped through a :class:`HostMap` (the IOMMU) at I/O virtual addresses at or above
+:data:`HOST_IOVA_BASE`. A transfer's direction follows from its two addresses: host to device
+(h2d), device to host (d2h) or device to device (d2d).
+
+Timing model. A transfer larger than ``dma_chunk_bytes`` is split into chunks. Each chunk takes
+a free channel (``dma_channels`` of them, handed out first come first served), spends
+``dma_setup_cycles`` on its own (descriptor fetch, translation), then holds a *link* for
+``ceil(bytes / bytes_per_cycle)`` cycles: the host link (PCIe, one at a time, so more channels
+hide setup latency but never beat the link bandwidth) or, for d2d, the HBM port, which moves
+each byte twice (read and write). A chunk's bytes are copied when its link time ends; chunk
+completions are reported in order (a chunk's completion waits for its predecessor's), and the
+transfer's event succeeds when the last chunk completes.
+
+Faults. :meth:`DmaEngine.transfer` validates the whole descriptor before anything moves: both
+ranges inside one live allocation / mapping, ``nbytes > 0``, the destination writable, and
+device-side addresses aligned to :data:`DMA_ALIGNMENT` (4) bytes. Host-side addresses and the
+size may be any byte. A bad descriptor raises :class:`~npu_sim.errors.DmaFault` and no byte
+moves. If a buffer is freed while a transfer is in flight, the affected chunk faults and the
+transfer's event fails with a ``DmaFault`` (earlier chunks have landed, as on hardware).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right, insort
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import simpy
+
+from .config import DeviceConfig
+from .errors import DmaFault
+from .hbm import Hbm
+from .trace import TraceRecorder, record_ids, tag
+
+HOST_IOVA_BASE = 1 << 62
+"""I/O virtual addresses at or above this are host memory mapped through :class:`HostMap`."""
+
+DMA_ALIGNMENT = 4
+"""Device-side DMA addresses must be multiples of this many bytes."""
+
+_IOVA_PAGE = 4096
+
+
+class HostMap:
+    """The IOMMU: host arrays registered for DMA, each at its own I/O virtual address.
+
+    Mappings are page aligned and separated by an unmapped guard page, so an access running
+    off the end of one mapping faults instead of landing in the next.
+    """
+
+    scope = "npu.iommu"
+
+    def __init__(self) -> None:
+        self._arrays: dict[int, np.ndarray] = {}  # iova -> flat uint8 view of the host array
+        self._starts: list[int] = []
+        self._next = HOST_IOVA_BASE
+
+    def map(self, array: np.ndarray) -> int:
+        """Register a C-contiguous host array; returns its I/O virtual address."""
+        if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
+            raise DmaFault(self.scope, f"map_host needs a C-contiguous numpy array, got "
+                                       f"{type(array).__name__}"
+                                       + ("" if not isinstance(array, np.ndarray)
+                                          else " that is not C-contiguous"))
+        iova = self._next
+        pages = -(-max(array.nbytes, 1) // _IOVA_PAGE) + 1  # +1: guard page
+        self._next += pages * _IOVA_PAGE
+        self._arrays[iova] = array.reshape(-1).view(np.uint8)
+        insort(self._starts, iova)
+        return iova
+
+    def unmap(self, iova: int) -> None:
+        """Remove the mapping that starts at ``iova``."""
+        if iova not in self._arrays:
+            raise DmaFault(self.scope, f"unmap_host({iova:#x}): no mapping starts there")
+        del self._arrays[iova]
+        del self._starts[bisect_right(self._starts, iova) - 1]
+
+    def locate(self, iova: int, nbytes: int, *, writable: bool = False) -> tuple[int, int]:
+        """``(mapping start, offset)`` of a range inside one mapping, else DmaFault."""
+        i = bisect_right(self._starts, iova) - 1
+        if i >= 0:
+            start = self._starts[i]
+            raw = self._arrays[start]
+            if iova + nbytes <= start + raw.size:
+                if writable and not raw.flags.writeable:
+                    raise DmaFault(self.scope, f"host range [{iova:#x}, +{nbytes}) is read-only")
+                return start, iova - start
+        raise DmaFault(self.scope, f"host range [{iova:#x}, +{nbytes}) is not inside one mapping "
+                                   f"({len(self._starts)} mapped)")
+
+    def view(self, iova: int, nbytes: int) -> np.ndarray:
+        """The mapped host bytes ``[iova, iova + nbytes)`` as a ``uint8`` view."""
+        start, offset = self.locate(iova, nbytes)
+        return self._arrays[start][offset:offset + nbytes]
+
+
+def is_host(address: int) -> bool:
+    """Whether ``address`` is a host I/O virtual address."""
+    return address >= HOST_IOVA_BASE
+
+
+class DmaEngine:
+    """``dma_channels`` channels sharing the host link and an HBM copy port."""
+
+    def __init__(self, env: simpy.Environment, config: DeviceConfig, hbm: Hbm,
+                 host_map: HostMap, trace: TraceRecorder, scope: str = "npu.dma") -> None:
+        self.env = env
+        self.config = config
+        self.hbm = hbm
+        self.host_map = host_map
+        self.trace = trace
+        self.scope = scope
+        self._channels = simpy.Store(env, capacity=config.dma_channels)
+        self._channels.items.extend(range(config.dma_channels))
+        self.links = {"link": simpy.Resource(env, 1), "hbm": simpy.Resource(env, 1)}
+        self._transfer_no = 0
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        """Zero every counter."""
+        self._stats: dict[str, int] = {
+            "dma.h2d.bytes": 0, "dma.d2h.bytes": 0, "dma.d2d.bytes": 0,
+            "dma.transfers": 0, "dma.chunks": 0,
+            "dma.busy_cycles.link": 0, "dma.busy_cycles.hbm": 0,
+        }
+        for ch in range(self.config.dma_channels):
+            self._stats[f"dma.{ch}.busy_cycles"] = 0
+
+    def stats(self) -> dict[str, int]:
+        """Counters: bytes per direction, transfers, chunks, busy cycles per link and channel."""
+        return dict(self._stats)
+
+    # -- transfers ----------------------------------------------------------------------------
+
+    def transfer(self, src: int, dst: int, nbytes: int, *, name: str = "",
+                 deps: Sequence[simpy.Event] = ()) -> simpy.Event:
+        """Copy ``nbytes`` from ``src`` to ``dst``; the event succeeds when the last chunk lands.
+
+        Raises :class:`DmaFault` (nothing moved) if the descriptor is invalid. The copy starts
+        once every event in ``deps`` has succeeded; a failed dependency fails the transfer.
+        """
+        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes <= 0:
+            raise DmaFault(self.scope, f"transfer {name!r}: nbytes={nbytes!r}; expected a "
+                                       "positive int")
+        src, dst, nbytes = int(src), int(dst), int(nbytes)
+        if is_host(src) and is_host(dst):
+            raise DmaFault(self.scope, f"transfer {name!r}: both {src:#x} and {dst:#x} are host "
+                                       "addresses; one side must be HBM")
+        read = self._endpoint(src, nbytes, name, writable=False)
+        write = self._endpoint(dst, nbytes, name, writable=True)
+        direction = "h2d" if is_host(src) else "d2h" if is_host(dst) else "d2d"
+        self._transfer_no += 1
+        name = name or f"{direction}#{self._transfer_no}"
+        self._stats["dma.transfers"] += 1
+        chunk = self.config.dma_chunk_bytes
+        pieces = [(off, min(chunk, nbytes - off)) for off in range(0, nbytes, chunk)]
+        work = {"direction": direction, "src": src, "dst": dst}
+        return self.env.process(self._run(read, write, pieces, name, work, tuple(deps)))
+
+    def _endpoint(self, address: int, nbytes: int, name: str,
+                  *, writable: bool) -> Callable[[int, int], np.ndarray]:
+        """Validate one side now; return a function giving its bytes at copy time."""
+        if is_host(address):
+            self.host_map.locate(address, nbytes, writable=writable)
+            return lambda off, n: self.host_map.view(address + off, n)
+        if address < 0 or address % DMA_ALIGNMENT:
+            raise DmaFault(self.scope, f"transfer {name!r}: device address {address:#x} is not "
+                                       f"a multiple of {DMA_ALIGNMENT}")
+        self.hbm.locate(address, nbytes)
+        return lambda off, n: self.hbm.view(address + off, n)
+
+    def _run(self, read, write, pieces, name, work, deps):
+        if deps:
+            yield simpy.AllOf(self.env, deps)
+        dep_ids = record_ids(deps)
+        chunks = [self.env.process(self._chunk(read, write, off, n, i, len(pieces), name, work,
+                                               dep_ids))
+                  for i, (off, n) in enumerate(pieces)]
+        last = None
+        for proc in chunks:  # completions are reported in order
+            result = yield proc
+            if isinstance(result, DmaFault):
+                raise result
+            last = result
+        tag(self.env.active_process, last)
+        return last
+
+    def _chunk(self, read, write, off, n, index, count, name, work, dep_ids):
+        env, cfg = self.env, self.config
+        ch = yield self._channels.get()
+        start = env.now
+        yield env.timeout(cfg.dma_setup_cycles)
+        d2d = work["direction"] == "d2d"
+        link = "hbm" if d2d else "link"
+        cycles = math.ceil(2 * n / cfg.hbm_bytes_per_cycle if d2d
+                           else n / cfg.host_link_bytes_per_cycle)
+        with self.links[link].request() as req:
+            yield req
+            yield env.timeout(cycles)
+        try:
+            write(off, n)[:] = read(off, n)
+        except DmaFault as fault:  # a buffer was freed in flight; reported by the transfer
+            return fault
+        finally:
+            self._channels.put(ch)
+        end = env.now
+        st = self._stats
+        st[f"dma.{work['direction']}.bytes"] += n
+        st["dma.chunks"] += 1
+        st[f"dma.busy_cycles.{link}"] += cycles
+        st[f"dma.{ch}.busy_cycles"] += end - start
+        chunk_work: dict[str, Any] = {**work, "bytes": n, "offset": off, "chunk": index,
+                                      "chunks": count, "link": link}
+        chunk_name = name if count == 1 else f"{name}[{index}/{count}]"
+        return self.trace.record("dma", f"dma{ch}", f"{self.scope}{ch}", chunk_name, start, end,
+                                 dep_ids, chunk_work)
