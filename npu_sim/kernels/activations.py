@@ -210,7 +210,9 @@ def apply_activation(
     if name == "Gelu" and full[0] not in (0.0, 1.0):
         raise KernelError(name, "", f"approximate param must be 0.0 (none) or 1.0 (tanh), "
                                     f"got {full[0]}")
-    xc = np.ascontiguousarray(to_compute(x))
+    xc = to_compute(x)
+    if not xc.flags.c_contiguous:
+        xc = xc.copy()  # (not ascontiguousarray: it turns a 0-d tensor into 1-d)
     if xc is not x or (inplace and x.flags.writeable):
         out = xc  # a fresh float32 copy (half input, strided input) or the caller's buffer
     else:
@@ -222,11 +224,11 @@ def apply_activation(
 
 def _integer_activation(x: np.ndarray, name: str, full: tuple[float, ...]) -> np.ndarray:
     if name == "Relu":
-        return np.maximum(x, x.dtype.type(0))
+        return np.asarray(np.maximum(x, x.dtype.type(0)))  # (a ufunc turns 0-d into a scalar)
     info = np.iinfo(x.dtype)
     lo, hi = (int(max(min(b, info.max), info.min)) if math.isfinite(b) else
               (info.min if b < 0 else info.max) for b in full)
-    return np.minimum(np.maximum(x, x.dtype.type(lo)), x.dtype.type(hi))
+    return np.asarray(np.minimum(np.maximum(x, x.dtype.type(lo)), x.dtype.type(hi)))
 
 
 def activation_params(
@@ -302,4 +304,4 @@ def prelu(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list
         raise KernelError("PRelu", "", f"slope shape {slope.shape} does not broadcast to X shape "
                                        f"{x.shape}")
     xc, sc = to_compute(x), to_compute(slope)
-    return [from_compute(np.where(xc < 0, xc * sc, xc), x.dtype)]
+    return [from_compute(np.asarray(np.where(xc < 0, xc * sc, xc)), x.dtype)]

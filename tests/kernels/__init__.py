@@ -1,0 +1,127 @@
+"""Shared helpers for kernel tests: run a kernel, get onnxruntime's answer, compare them.
+
+Half-precision kernels compute in float32 and round once, so their reference is onnxruntime's
+float32 result on the same (upcast) inputs, rounded to the half dtype: the two may then differ by
+at most one unit in the last place of the half dtype, which is the tolerance used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import onnxruntime
+from hypothesis import strategies as st
+from ortref import run_ort
+
+from npu_sim.kernels import lookup
+
+# Old opsets make onnxruntime log warnings per session; only errors matter to these tests.
+onnxruntime.set_default_logger_severity(3)
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+HALF = (np.dtype(np.float16), BF16)
+FLOATS = (np.dtype(np.float32), np.dtype(np.float16), BF16)
+
+# (rtol, atol) per float dtype: float32 per the project contract. A half result is a float32
+# result (within float32's tolerance of the reference) rounded once, so one more half ulp.
+_F32 = (1e-4, 1e-5)
+TOLERANCE = {
+    np.dtype(np.float32): _F32,
+    np.dtype(np.float64): (1e-7, 1e-9),
+    np.dtype(np.float16): (_F32[0] + 2.0**-10, _F32[1]),
+    BF16: (_F32[0] + 2.0**-7, _F32[1]),
+}
+
+
+def run_kernel(op: str, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any] | None = None
+               ) -> list[np.ndarray]:
+    """Run the registered kernel ``op``, as a KERNEL command would."""
+    return lookup(op).values(list(inputs), dict(attrs or {}))
+
+
+def ort_reference(
+    op: str,
+    inputs: Sequence[np.ndarray | None],
+    attrs: Mapping[str, Any] | None = None,
+    n_outputs: int = 1,
+    opset: int = 17,
+    constant_inputs: Sequence[int] = (),
+) -> list[np.ndarray]:
+    """onnxruntime's outputs; half-precision float inputs run as float32 and round back once."""
+    half = next((a.dtype for a in inputs if a is not None and a.dtype in HALF), None)
+    if half is None:
+        return run_ort(op, inputs, attrs, n_outputs, opset, constant_inputs=constant_inputs)
+    up = [a.astype(np.float32) if a is not None and a.dtype in HALF else a for a in inputs]
+    outs = run_ort(op, up, attrs, n_outputs, opset, constant_inputs=constant_inputs)
+    return [o.astype(half) if o.dtype == np.float32 else o for o in outs]
+
+
+def assert_matches(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray],
+                   count: int | None = None) -> None:
+    """Same dtype and shape; floats within the dtype's tolerance, everything else exactly.
+
+    ``count`` compares only the first ``count`` outputs (a kernel may return optional outputs
+    the reference node did not request).
+    """
+    count = len(expected) if count is None else count
+    assert len(actual) >= count, f"kernel returned {len(actual)} outputs, expected {count}"
+    for i, (a, e) in enumerate(zip(actual[:count], expected[:count], strict=True)):
+        assert isinstance(a, np.ndarray), f"output {i} is {type(a).__name__}"
+        assert a.dtype == e.dtype, f"output {i}: dtype {a.dtype} != reference {e.dtype}"
+        assert a.shape == e.shape, f"output {i}: shape {a.shape} != reference {e.shape}"
+        if e.dtype in TOLERANCE:
+            rtol, atol = TOLERANCE[e.dtype]
+            np.testing.assert_allclose(a.astype(np.float64), e.astype(np.float64), rtol=rtol,
+                                       atol=atol, err_msg=f"output {i}")
+        else:
+            np.testing.assert_array_equal(a, e, err_msg=f"output {i}")
+
+
+def check_against_ort(op: str, inputs: Sequence[np.ndarray | None],
+                      attrs: Mapping[str, Any] | None = None, *, n_outputs: int = 1,
+                      opset: int = 17, constant_inputs: Sequence[int] = (),
+                      kernel_attrs: Mapping[str, Any] | None = None) -> list[np.ndarray]:
+    """Run kernel and onnxruntime on the same node and assert they agree; return the outputs.
+
+    ``kernel_attrs`` are extra attributes only the kernel sees (``_opset``).
+    """
+    expected = ort_reference(op, inputs, attrs, n_outputs, opset, constant_inputs)
+    actual = run_kernel(op, inputs, {**(attrs or {}), **(kernel_attrs or {})})
+    assert_matches(actual, expected)
+    return actual
+
+
+@st.composite
+def shapes(draw: st.DrawFn, min_dims: int = 0, max_dims: int = 4, max_side: int = 5
+           ) -> tuple[int, ...]:
+    """A small tensor shape."""
+    rank = draw(st.integers(min_dims, max_dims))
+    return tuple(draw(st.lists(st.integers(1, max_side), min_size=rank, max_size=rank)))
+
+
+@st.composite
+def broadcastable(draw: st.DrawFn, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape that broadcasts against ``shape``: a suffix of it with some sides set to 1."""
+    rank = draw(st.integers(0, len(shape)))
+    suffix = shape[len(shape) - rank:]
+    return tuple(1 if draw(st.booleans()) else d for d in suffix)
+
+
+def random_array(seed: int, shape: Sequence[int], dtype: Any, low: float = -4.0,
+                 high: float = 4.0) -> np.ndarray:
+    """Deterministic test data of ``dtype``: uniform floats, or integers in [low, high]."""
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        lo, hi = max(int(low), int(info.min)), min(int(high), int(info.max))
+        return rng.integers(lo, hi, size=shape, endpoint=True).astype(dtype)
+    return rng.uniform(low, high, size=shape).astype(np.float32).astype(dtype)
+
+
+seeds = st.integers(0, 2**32 - 1)
