@@ -1,1 +1,426 @@
-"""Kernels: conv (being written)."""
+"""Kernels: Conv and ConvTranspose, and the sliding-window geometry pools share.
+
+A convolution runs the way an NPU lowers it onto its systolic array: the input is unfolded
+(*im2col*) into a matrix whose columns are the receptive fields of the output pixels, and each
+group is one GEMM of the weights against that matrix (BLAS through numpy). A 1x1 convolution
+without padding needs no unfolding: it is a plain GEMM over a (possibly strided) view of the
+input. A depthwise convolution (one input channel per group) has too little reuse for a GEMM and
+runs as a direct numba loop. ConvTranspose is the adjoint: one GEMM per group produces the
+columns, which *col2im* scatters back into the output.
+
+Everything works on 1-, 2- and 3-D spatial inputs: lower ranks are viewed as 3-D with leading
+size-1 dims (kernel 1, stride 1, no padding), so one compiled loop serves all ranks.
+:func:`window` resolves the ONNX padding rules (``pads``, ``auto_pad``, ``ceil_mode``) once for
+Conv, ConvTranspose and the pools.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numba import njit, prange
+
+from ..errors import KernelError
+from .gemm import finish, same_dtype, to_compute
+from .registry import kernel
+
+#: Highest spatial rank the window kernels take.
+MAX_SPATIAL = 3
+_AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
+
+
+@dataclass(frozen=True)
+class Window:
+    """Resolved geometry of a sliding window over the spatial dims of a tensor."""
+
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads_begin: tuple[int, ...]
+    pads_end: tuple[int, ...]
+    out: tuple[int, ...]
+
+    def as3(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Kernel, strides, dilations and leading pads padded to 3-D, as int64 arrays."""
+        lead = MAX_SPATIAL - len(self.kernel)
+        return (
+            np.array((1,) * lead + self.kernel, np.int64),
+            np.array((1,) * lead + self.strides, np.int64),
+            np.array((1,) * lead + self.dilations, np.int64),
+            np.array((0,) * lead + self.pads_begin, np.int64),
+        )
+
+
+def int_tuple(
+    op: str, attrs: Mapping[str, Any], name: str, default: tuple[int, ...], minimum: int
+) -> tuple[int, ...]:
+    """Integer tuple attribute ``name`` with ``len(default)`` entries, each ``>= minimum``."""
+    value = tuple(int(v) for v in attrs.get(name, default))
+    if len(value) != len(default):
+        raise KernelError(op, "", f"{name}={list(value)} must have {len(default)} entries")
+    if any(v < minimum for v in value):
+        raise KernelError(op, "", f"{name}={list(value)} must have every entry >= {minimum}")
+    return value
+
+
+def spatial_rank(op: str, shape: tuple[int, ...]) -> int:
+    """Spatial rank of an ``(N, C, *spatial)`` tensor, checked to be 1..3."""
+    rank = len(shape) - 2
+    if not 1 <= rank <= MAX_SPATIAL:
+        raise KernelError(
+            op,
+            "",
+            f"input of shape {shape} has rank {len(shape)}; expected (N, C, *spatial) "
+            f"with 1 to {MAX_SPATIAL} spatial dims",
+        )
+    return rank
+
+
+def window(
+    op: str,
+    in_shape: Sequence[int],
+    kernel_shape: Sequence[int],
+    attrs: Mapping[str, Any],
+    *,
+    ceil_mode: bool = False,
+) -> Window:
+    """Resolve ``strides``, ``dilations``, ``pads`` and ``auto_pad`` (ONNX defaults) for a window
+    of ``kernel_shape`` sliding over spatial dims ``in_shape``."""
+    rank = len(in_shape)
+    kernel_shape = tuple(int(k) for k in kernel_shape)
+    if any(k < 1 for k in kernel_shape):
+        raise KernelError(op, "", f"kernel_shape={list(kernel_shape)} must be positive")
+    strides = int_tuple(op, attrs, "strides", (1,) * rank, 1)
+    dilations = int_tuple(op, attrs, "dilations", (1,) * rank, 1)
+    auto_pad = str(attrs.get("auto_pad", "NOTSET"))
+    span = [(k - 1) * d + 1 for k, d in zip(kernel_shape, dilations, strict=True)]
+    if auto_pad not in _AUTO_PADS:
+        raise KernelError(op, "", f"auto_pad={auto_pad!r}; expected one of {list(_AUTO_PADS)}")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = [-(-i // s) for i, s in zip(in_shape, strides, strict=True)]
+        total = [
+            max(0, (o - 1) * s + f - i)
+            for o, s, f, i in zip(out, strides, span, in_shape, strict=True)
+        ]
+        begin, end = split_pads(total, upper=auto_pad == "SAME_UPPER")
+    else:
+        pads = (
+            (0,) * 2 * rank
+            if auto_pad == "VALID"
+            else int_tuple(op, attrs, "pads", (0,) * 2 * rank, 0)
+        )
+        begin, end = list(pads[:rank]), list(pads[rank:])
+        out = []
+        for i, s, f, b, e in zip(in_shape, strides, span, begin, end, strict=True):
+            extent = i + b + e - f
+            if ceil_mode:
+                o = -(-extent // s) + 1
+                if (o - 1) * s >= i + b:  # the last window would start in the end padding
+                    o -= 1
+            else:
+                o = extent // s + 1 if extent >= 0 else 0
+            out.append(o)
+    if any(o < 1 for o in out):
+        raise KernelError(
+            op,
+            "",
+            f"window {list(kernel_shape)} (dilations {list(dilations)}, pads "
+            f"{begin + end}) does not fit in spatial shape {list(in_shape)}",
+        )
+    return Window(kernel_shape, strides, dilations, tuple(begin), tuple(end), tuple(out))
+
+
+def split_pads(total: Sequence[int], *, upper: bool) -> tuple[list[int], list[int]]:
+    """Split total padding per axis: the odd unit goes at the end (upper) or the start."""
+    small = [t // 2 for t in total]
+    begin = small if upper else [t - h for t, h in zip(total, small, strict=True)]
+    return begin, [t - b for t, b in zip(total, begin, strict=True)]
+
+
+def as5d(x: np.ndarray) -> np.ndarray:
+    """View an ``(N, C, *spatial)`` array as 5-D ``(N, C, D, H, W)`` with leading size-1 dims."""
+    lead = MAX_SPATIAL - (x.ndim - 2)
+    return x.reshape(x.shape[:2] + (1,) * lead + x.shape[2:])
+
+
+@njit(parallel=True, cache=True)
+def _im2col(x, k, st, di, pb, out_dims, cols):  # pragma: no cover - compiled
+    """cols[(c, i, j, l), (a, b, e)] = x[c, a*s-p+i*d, ...] (zero outside), x is (C, D, H, W)."""
+    C, D, H, W = x.shape
+    KD, KH, KW = k[0], k[1], k[2]
+    OD, OH, OW = out_dims[0], out_dims[1], out_dims[2]
+    krows = KD * KH * KW
+    for r in prange(C * krows):  # one unfolded row per thread step: rows never overlap
+        c = r // krows
+        i = (r % krows) // (KH * KW)
+        j = (r % (KH * KW)) // KW
+        lw = r % KW
+        for a in range(OD):
+            z = a * st[0] - pb[0] + i * di[0]
+            for b in range(OH):
+                y = b * st[1] - pb[1] + j * di[1]
+                base = (a * OH + b) * OW
+                if z < 0 or z >= D or y < 0 or y >= H:
+                    for e in range(OW):
+                        cols[r, base + e] = 0
+                    continue
+                for e in range(OW):
+                    xx = e * st[2] - pb[2] + lw * di[2]
+                    cols[r, base + e] = x[c, z, y, xx] if 0 <= xx < W else 0
+
+
+@njit(parallel=True, cache=True)
+def _depthwise(x, w, mult, st, di, pb, out):  # pragma: no cover - compiled
+    """Direct conv with one input channel per group: out (N, M, OD, OH, OW), zero-filled."""
+    N, M, OD, OH, OW = out.shape
+    D, H, W = x.shape[2], x.shape[3], x.shape[4]
+    KD, KH, KW = w.shape[2], w.shape[3], w.shape[4]
+    for t in prange(N * M):
+        n = t // M
+        m = t % M
+        c = m // mult
+        for a in range(OD):
+            for b in range(OH):
+                for e in range(OW):
+                    acc = out[n, m, a, b, e]
+                    for i in range(KD):
+                        z = a * st[0] - pb[0] + i * di[0]
+                        if z < 0 or z >= D:
+                            continue
+                        for j in range(KH):
+                            y = b * st[1] - pb[1] + j * di[1]
+                            if y < 0 or y >= H:
+                                continue
+                            for lw in range(KW):
+                                xx = e * st[2] - pb[2] + lw * di[2]
+                                if 0 <= xx < W:
+                                    acc += x[n, c, z, y, xx] * w[m, 0, i, j, lw]
+                    out[n, m, a, b, e] = acc
+
+
+@njit(parallel=True, cache=True)
+def _col2im(cols, k, st, di, pb, in_dims, out):  # pragma: no cover - compiled
+    """Scatter-add cols[(m, i, j, l), (a, b, e)] into out[m, a*s-p+i*d, ...] (out zero-filled)."""
+    M, OD, OH, OW = out.shape
+    KD, KH, KW = k[0], k[1], k[2]
+    ID, IH, IW = in_dims[0], in_dims[1], in_dims[2]
+    for m in prange(M):  # each thread owns one output channel: no write conflicts
+        for i in range(KD):
+            for j in range(KH):
+                for lw in range(KW):
+                    r = ((m * KD + i) * KH + j) * KW + lw
+                    for a in range(ID):
+                        z = a * st[0] - pb[0] + i * di[0]
+                        if z < 0 or z >= OD:
+                            continue
+                        for b in range(IH):
+                            y = b * st[1] - pb[1] + j * di[1]
+                            if y < 0 or y >= OH:
+                                continue
+                            base = (a * IH + b) * IW
+                            for e in range(IW):
+                                xx = e * st[2] - pb[2] + lw * di[2]
+                                if 0 <= xx < OW:
+                                    out[m, z, y, xx] += cols[r, base + e]
+
+
+def check_conv(
+    op: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...], attrs: Mapping[str, Any]
+) -> int:
+    """Validate Conv-style input/weight shapes and ``group``/``kernel_shape``; return group."""
+    spatial_rank(op, x_shape)
+    if len(w_shape) != len(x_shape):
+        raise KernelError(
+            op, "", f"weight shape {w_shape} must have the input's rank {len(x_shape)}"
+        )
+    group = int(attrs.get("group", 1))
+    channels, out_channels = x_shape[1], w_shape[0]
+    if group < 1 or channels % group or out_channels % group:
+        raise KernelError(
+            op,
+            "",
+            f"group={group} must be >= 1 and divide both the input channels "
+            f"({channels}) and the output channels ({out_channels})",
+        )
+    if w_shape[1] * group != channels:
+        raise KernelError(
+            op,
+            "",
+            f"weight shape {w_shape} takes {w_shape[1]} channels per group, but the input "
+            f"has {channels} channels in {group} group(s) ({channels // group} per group)",
+        )
+    if "kernel_shape" in attrs and tuple(attrs["kernel_shape"]) != tuple(w_shape[2:]):
+        raise KernelError(
+            op,
+            "",
+            f"kernel_shape={list(attrs['kernel_shape'])} does not match the weight's "
+            f"spatial dims {list(w_shape[2:])}",
+        )
+    return group
+
+
+def conv_nd(x: np.ndarray, w: np.ndarray, group: int, win: Window) -> np.ndarray:
+    """Grouped N-d correlation of ``x`` (N, C, *S) with ``w`` (M, C/group, *K), no bias.
+
+    Shapes must already be validated (:func:`check_conv`, :func:`window`); ``x`` and ``w`` share
+    the compute dtype (float32, or float64 for exact integer convolution).
+    """
+    n, c = x.shape[:2]
+    m = w.shape[0]
+    k3, st3, di3, pb3 = win.as3()
+    out3 = (1,) * (MAX_SPATIAL - len(win.out)) + win.out
+    pixels = math.prod(out3)
+    x5 = np.ascontiguousarray(as5d(x))
+    if group == 1 and all(k == 1 for k in win.kernel) and not any(win.pads_begin + win.pads_end):
+        # 1x1 without padding: the receptive fields are the (strided) pixels themselves.
+        view = x5[:, :, :: st3[0], :: st3[1], :: st3[2]][:, :, : out3[0], : out3[1], : out3[2]]
+        y = np.matmul(w.reshape(m, c), view.reshape(n, c, pixels))
+        return y.reshape((n, m) + win.out)
+    if group > 1 and w.shape[1] == 1:
+        y5 = np.zeros((n, m) + out3, x.dtype)
+        _depthwise(x5, np.ascontiguousarray(as5d(w)), m // c, st3, di3, pb3, y5)
+        return y5.reshape((n, m) + win.out)
+    rows = c * int(np.prod(k3))
+    wg = w.reshape(group, m // group, rows // group)
+    cols = np.empty((rows, pixels), x.dtype)
+    y = np.empty((n, group, m // group, pixels), x.dtype)
+    step = rows // group
+    for i in range(n):
+        _im2col(x5[i], k3, st3, di3, pb3, np.array(out3, np.int64), cols)
+        for g in range(group):
+            np.matmul(wg[g], cols[g * step : (g + 1) * step], out=y[i, g])
+    return y.reshape((n, m) + win.out)
+
+
+def _bias(op: str, b: np.ndarray | None, m: int) -> np.ndarray | None:
+    if b is None:
+        return None
+    if b.shape != (m,):
+        raise KernelError(op, "", f"bias shape {b.shape} must be ({m},), one per output channel")
+    return to_compute(op, "B", b)
+
+
+def _inputs(op: str, inputs: Sequence[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray, Any]:
+    if len(inputs) < 2 or inputs[0] is None or inputs[1] is None:
+        raise KernelError(op, "", f"needs inputs X and W, got {len(inputs)} inputs")
+    return inputs[0], inputs[1], (inputs[2] if len(inputs) > 2 else None)
+
+
+@kernel("Conv")
+def conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[np.ndarray]:
+    """ONNX Conv (1-3 spatial dims, groups, depthwise, dilations, pads/auto_pad, bias)."""
+    x, w, b = _inputs("Conv", inputs)
+    dtype = same_dtype("Conv", {"X": x, "W": w, "B": b})
+    group = check_conv("Conv", x.shape, w.shape, attrs)
+    win = window("Conv", x.shape[2:], w.shape[2:], attrs)
+    bias = _bias("Conv", b, w.shape[0])
+    y = conv_nd(to_compute("Conv", "X", x), to_compute("Conv", "W", w), group, win)
+    if bias is not None:
+        y += bias.reshape((1, -1) + (1,) * len(win.out))
+    return [finish(y, attrs, dtype)]
+
+
+def transpose_window(
+    op: str, in_shape: Sequence[int], kernel_shape: Sequence[int], attrs: Mapping[str, Any]
+) -> Window:
+    """ConvTranspose geometry: ``out`` is the output's spatial shape, ``pads_*`` the crop."""
+    rank = len(in_shape)
+    strides = int_tuple(op, attrs, "strides", (1,) * rank, 1)
+    dilations = int_tuple(op, attrs, "dilations", (1,) * rank, 1)
+    out_pad = int_tuple(op, attrs, "output_padding", (0,) * rank, 0)
+    for p, s, d in zip(out_pad, strides, dilations, strict=True):
+        if p >= max(s, d):
+            raise KernelError(
+                op,
+                "",
+                f"output_padding={list(out_pad)} must be smaller than the stride or "
+                f"dilation ({list(strides)}, {list(dilations)})",
+            )
+    auto_pad = str(attrs.get("auto_pad", "NOTSET"))
+    if auto_pad not in _AUTO_PADS:
+        raise KernelError(op, "", f"auto_pad={auto_pad!r}; expected one of {list(_AUTO_PADS)}")
+    full = [
+        s * (i - 1) + p + (k - 1) * d + 1
+        for s, i, p, k, d in zip(strides, in_shape, out_pad, kernel_shape, dilations, strict=True)
+    ]
+    if "output_shape" in attrs or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        if "output_shape" in attrs:
+            out = [int(v) for v in attrs["output_shape"]][-rank:]
+            if len(out) != rank:
+                raise KernelError(
+                    op, "", f"output_shape={list(attrs['output_shape'])} needs {rank} spatial dims"
+                )
+        else:
+            out = [i * s for i, s in zip(in_shape, strides, strict=True)]
+        # An output_shape beyond the full output crops nothing and leaves zeros (plus bias)
+        # at the end, as onnxruntime does.
+        total = [max(0, f - o) for f, o in zip(full, out, strict=True)]
+        begin, end = split_pads(total, upper=auto_pad == "SAME_UPPER")
+    else:
+        pads = (
+            (0,) * 2 * rank
+            if auto_pad == "VALID"
+            else int_tuple(op, attrs, "pads", (0,) * 2 * rank, 0)
+        )
+        begin, end = list(pads[:rank]), list(pads[rank:])
+        out = [f - b - e for f, b, e in zip(full, begin, end, strict=True)]
+    if any(o < 1 for o in out):
+        raise KernelError(op, "", f"pads {begin + end} leave an empty output {out}")
+    return Window(tuple(kernel_shape), strides, dilations, tuple(begin), tuple(end), tuple(out))
+
+
+@kernel("ConvTranspose")
+def conv_transpose(
+    inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]
+) -> list[np.ndarray]:
+    """ONNX ConvTranspose (1-3 spatial dims, groups, dilations, output_padding/output_shape)."""
+    x, w, b = _inputs("ConvTranspose", inputs)
+    op = "ConvTranspose"
+    dtype = same_dtype(op, {"X": x, "W": w, "B": b})
+    spatial_rank(op, x.shape)
+    if w.ndim != x.ndim:
+        raise KernelError(op, "", f"weight shape {w.shape} must have the input's rank {x.ndim}")
+    group = int(attrs.get("group", 1))
+    c = x.shape[1]
+    if group < 1 or c % group or w.shape[0] != c:
+        raise KernelError(
+            op,
+            "",
+            f"weight shape {w.shape} and group={group} do not fit {c} input channels "
+            f"(weight dim 0 must equal the input channels, group must divide them)",
+        )
+    if "kernel_shape" in attrs and tuple(attrs["kernel_shape"]) != tuple(w.shape[2:]):
+        raise KernelError(
+            op,
+            "",
+            f"kernel_shape={list(attrs['kernel_shape'])} does not match the weight's "
+            f"spatial dims {list(w.shape[2:])}",
+        )
+    win = transpose_window(op, x.shape[2:], w.shape[2:], attrs)
+    mg = w.shape[1]
+    m = mg * group
+    bias = _bias(op, b, m)
+    x32, w32 = to_compute(op, "X", x), to_compute(op, "W", w)
+    n = x.shape[0]
+    k3, st3, di3, pb3 = win.as3()
+    in3 = np.array(as5d(x).shape[2:], np.int64)
+    out3 = (1,) * (MAX_SPATIAL - len(win.out)) + win.out
+    kp = int(np.prod(k3))
+    pixels = int(np.prod(in3))
+    cg = c // group
+    wg = w32.reshape(group, cg, mg * kp)
+    xg = x32.reshape(n, group, cg, pixels)
+    y = np.zeros((n, m) + out3, np.float32)
+    cols = np.empty((group, mg * kp, pixels), np.float32)
+    for i in range(n):
+        for g in range(group):
+            np.matmul(wg[g].T, xg[i, g], out=cols[g])
+        _col2im(cols.reshape(m * kp, pixels), k3, st3, di3, pb3, in3, y[i])
+    y = y.reshape((n, m) + win.out)
+    if bias is not None:
+        y += bias.reshape((1, -1) + (1,) * len(win.out))
+    return [finish(y, attrs, dtype)]

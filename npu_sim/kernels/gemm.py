@@ -1,1 +1,155 @@
-"""Kernels: gemm (being written)."""
+"""Kernels: MatMul and Gemm, and the float conventions every compute kernel shares.
+
+An NPU's systolic array multiplies in the input precision and accumulates in float32, then
+rounds once when it writes the result. The float kernels here do the same: float16 and bfloat16
+inputs are widened to float32, the product is taken through BLAS (numpy's ``matmul``), a fused
+activation (the compiler's ``activation`` / ``activation_params`` attributes) is applied in
+float32, and the result is rounded once to the input dtype.
+
+:func:`to_compute`, :func:`finish` and :func:`fused_activation` are the shared helpers the conv
+kernels use for the same conventions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ..errors import KernelError
+from .registry import kernel
+
+#: Float dtypes the compute kernels take; all are computed in float32.
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+
+
+def to_compute(op: str, what: str, array: np.ndarray) -> np.ndarray:
+    """``array`` widened to the float32 compute type; other dtypes raise :class:`KernelError`."""
+    if array.dtype not in FLOAT_DTYPES:
+        raise KernelError(
+            op, "", f"{what} has dtype {array.dtype}; expected one of float32, float16, bfloat16"
+        )
+    return array.astype(np.float32, copy=False)
+
+
+def same_dtype(op: str, arrays: Mapping[str, np.ndarray | None]) -> np.dtype:
+    """The dtype shared by all non-``None`` ``arrays``; a mismatch names both dtypes."""
+    dtype = None
+    for name, arr in arrays.items():
+        if arr is None:
+            continue
+        if dtype is None:
+            dtype, first = arr.dtype, name
+        elif arr.dtype != dtype:
+            raise KernelError(
+                op, "", f"{name} has dtype {arr.dtype} but {first} has {dtype}; they must match"
+            )
+    assert dtype is not None
+    return dtype
+
+
+def fused_activation(y: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:
+    """Apply the compiler-fused activation named by ``attrs["activation"]``, if any."""
+    name = attrs.get("activation")
+    if not name:
+        return y
+    from .activations import apply_activation  # lazy: the activations module is independent
+
+    params = tuple(float(p) for p in attrs.get("activation_params", ()))
+    return apply_activation(y, str(name), params)
+
+
+def finish(y: np.ndarray, attrs: Mapping[str, Any], dtype: np.dtype) -> np.ndarray:
+    """Fused activation in float32, then one rounding to the output ``dtype``."""
+    return np.ascontiguousarray(fused_activation(y, attrs).astype(dtype, copy=False))
+
+
+def matmul_shape(op: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Output shape of numpy-style ``matmul`` (ONNX MatMul), or :class:`KernelError`."""
+    if len(a_shape) == 0 or len(b_shape) == 0:
+        raise KernelError(op, "", f"inputs must have rank >= 1, got shapes {a_shape} and {b_shape}")
+    a2 = (1, *a_shape) if len(a_shape) == 1 else a_shape
+    b2 = (*b_shape, 1) if len(b_shape) == 1 else b_shape
+    if a2[-1] != b2[-2]:
+        raise KernelError(
+            op,
+            "",
+            f"inner dimensions differ: A {a_shape} has K={a2[-1]}, B {b_shape} has K={b2[-2]}",
+        )
+    try:
+        batch = np.broadcast_shapes(a2[:-2], b2[:-2])
+    except ValueError:
+        raise KernelError(
+            op, "", f"batch dimensions {a2[:-2]} and {b2[:-2]} do not broadcast"
+        ) from None
+    out = (*batch, a2[-2], b2[-1])
+    if len(a_shape) == 1:
+        out = out[:-2] + out[-1:]
+    if len(b_shape) == 1:
+        out = out[:-1]
+    return out
+
+
+@kernel("MatMul")
+def matmul(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[np.ndarray]:
+    """ONNX MatMul: numpy ``matmul`` semantics (broadcast batch dims, 1-D operands)."""
+    a, b = _require(inputs, 2, "MatMul")
+    dtype = same_dtype("MatMul", {"A": a, "B": b})
+    matmul_shape("MatMul", a.shape, b.shape)
+    y = np.matmul(to_compute("MatMul", "A", a), to_compute("MatMul", "B", b))
+    return [finish(np.asarray(y), attrs, dtype)]
+
+
+@kernel("Gemm")
+def gemm(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[np.ndarray]:
+    """ONNX Gemm: ``alpha * A' @ B' + beta * C`` with optional transposes and broadcast C."""
+    if len(inputs) < 2 or inputs[0] is None or inputs[1] is None:
+        raise KernelError("Gemm", "", f"needs inputs A and B, got {len(inputs)} inputs")
+    a, b = inputs[0], inputs[1]
+    c = inputs[2] if len(inputs) > 2 else None
+    dtype = same_dtype("Gemm", {"A": a, "B": b, "C": c})
+    if a.ndim != 2 or b.ndim != 2:
+        raise KernelError("Gemm", "", f"A and B must be 2-D, got shapes {a.shape} and {b.shape}")
+    a32 = to_compute("Gemm", "A", a)
+    b32 = to_compute("Gemm", "B", b)
+    if int(attrs.get("transA", 0)):
+        a32 = a32.T
+    if int(attrs.get("transB", 0)):
+        b32 = b32.T
+    if a32.shape[1] != b32.shape[0]:
+        raise KernelError(
+            "Gemm",
+            "",
+            f"inner dimensions differ after transposes: A' is {a32.shape}, B' is {b32.shape}",
+        )
+    alpha = np.float32(attrs.get("alpha", 1.0))
+    beta = np.float32(attrs.get("beta", 1.0))
+    y = a32 @ b32
+    if alpha != 1.0:
+        y *= alpha
+    if c is not None:
+        out_shape = y.shape
+        if c.ndim > 2 or not _broadcasts_to(c.shape, out_shape):
+            raise KernelError(
+                "Gemm", "", f"C of shape {c.shape} does not broadcast to the output {out_shape}"
+            )
+        c32 = to_compute("Gemm", "C", c)
+        y += c32 if beta == 1.0 else beta * c32
+    return [finish(y, attrs, dtype)]
+
+
+def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether ``shape`` broadcasts unidirectionally to ``target``."""
+    try:
+        return np.broadcast_shapes(shape, target) == target
+    except ValueError:
+        return False
+
+
+def _require(inputs: Sequence[np.ndarray | None], n: int, op: str) -> list[np.ndarray]:
+    """The first ``n`` inputs, all present; otherwise :class:`KernelError`."""
+    if len(inputs) < n or any(x is None for x in inputs[:n]):
+        raise KernelError(op, "", f"needs {n} inputs, got {len(inputs)}")
+    return list(inputs[:n])  # type: ignore[arg-type]
