@@ -1,0 +1,133 @@
+"""The byte layout of a context binary, shared by its writer and its reader.
+
+``docs/binary_format.md`` is the normative specification; this module is its transcription into
+``struct`` formats and constants, so the writer (:mod:`ep.npusim.binary_writer`) and the reader
+(:mod:`ep.npusim.binary_reader`) cannot disagree about where a field lives. Everything is
+little-endian and packed (no implicit padding inside records).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+
+MAGIC = b"NPUSIMCB"
+
+HEADER = struct.Struct("<8sHHIIIQQ32s128s64sI")
+"""magic, format major, format minor, header size, header crc32, section count,
+section table offset, file size, SDK version, hardware architecture, config digest,
+section table crc32."""
+
+HEADER_SIZE = 320
+"""Bytes reserved for the header; the bytes after ``HEADER.size`` are reserved (written as 0)."""
+
+HEADER_CRC_OFFSET = 16
+"""Byte offset of the header crc32, which covers the header with this field read as zero."""
+
+SECTION = struct.Struct("<IIQQ32s")
+"""kind, flags (reserved, 0), offset, length, sha256 of the section's bytes."""
+
+SECTION_ALIGN = 8
+WEIGHT_ALIGN = 512
+"""Weights blobs start at multiples of this many bytes from the start of the file."""
+
+MAX_GAP = WEIGHT_ALIGN
+"""Bytes between consecutive parts of a file are alignment padding: zero and fewer than this."""
+
+STR_COUNT = struct.Struct("<I")
+STR_LEN = struct.Struct("<I")
+GRAPH_COUNT = struct.Struct("<I")
+GRAPH = struct.Struct("<IIQQ")
+"""name string id, reserved, record offset in PROGRAMS, record length."""
+
+PROGRAM = struct.Struct("<IIQQQIIIII")
+"""hardware architecture string id, reserved, arena bytes, commands offset in COMMANDS,
+commands length, tensor count, launch count, input count, output count, weight count."""
+
+TENSOR = struct.Struct("<IBBHQ")
+"""name string id, dtype code, region, rank, offset; followed by ``rank`` u64 dimensions."""
+
+WEIGHT = struct.Struct("<IIQQ")
+"""tensor index, reserved, blob offset in WEIGHTS, blob length."""
+
+LAUNCH = struct.Struct("<IIHHI")
+"""op string id, node string id, input count, output count, attribute count; followed by
+the input and output tensor indices (i32, -1 = omitted) and the attributes."""
+
+ATTR = struct.Struct("<IB")
+"""attribute name string id, tag; followed by the tag's payload."""
+
+COUNT = struct.Struct("<I")
+I64 = struct.Struct("<q")
+F64 = struct.Struct("<d")
+
+
+class SectionKind(IntEnum):
+    """What a section holds. Readers skip kinds they do not know (see the versioning policy)."""
+
+    STRINGS = 1
+    GRAPHS = 2
+    PROGRAMS = 3
+    COMMANDS = 4
+    WEIGHTS = 5
+
+
+REQUIRED_SECTIONS = tuple(SectionKind)
+
+
+class AttrTag(IntEnum):
+    """Type tag of an attribute value; the payload follows the tag."""
+
+    INT = 1  # i64
+    FLOAT = 2  # f64
+    STRING = 3  # u32 string id
+    BYTES = 4  # u32 length, bytes
+    INTS = 5  # u32 count, count x i64
+    FLOATS = 6  # u32 count, count x f64
+    STRINGS = 7  # u32 count, count x u32 string id
+
+
+@dataclass(frozen=True)
+class ContextHeader:
+    """The decoded fixed header of a context binary."""
+
+    magic: bytes
+    format_version: tuple[int, int]
+    header_size: int
+    header_crc32: int
+    section_count: int
+    section_table_offset: int
+    file_size: int
+    sdk_version: str
+    hardware_architecture: str
+    config_digest: str
+    section_table_crc32: int
+
+
+@dataclass(frozen=True)
+class SectionEntry:
+    """One row of the section table. ``kind`` is an int so unknown kinds survive decoding."""
+
+    kind: int
+    offset: int
+    length: int
+    sha256: bytes
+
+    @property
+    def kind_name(self) -> str:
+        """The section kind's name, or ``unknown(N)``."""
+        try:
+            return SectionKind(self.kind).name.lower()
+        except ValueError:
+            return f"unknown({self.kind})"
+
+
+def align_up(value: int, alignment: int) -> int:
+    """``value`` rounded up to a multiple of ``alignment``."""
+    return -(-value // alignment) * alignment
+
+
+def section_alignment(kind: int) -> int:
+    """Alignment of a section's offset in the file."""
+    return WEIGHT_ALIGN if kind == SectionKind.WEIGHTS else SECTION_ALIGN

@@ -1,0 +1,280 @@
+"""Reading context binaries: validate everything, then hand out programs with zero-copy weights.
+
+:class:`ContextBinary` opens a file through ``mmap`` (:meth:`ContextBinary.open`) or wraps bytes
+already in memory (:meth:`ContextBinary.from_bytes`, for EPContext embed mode). Opening checks
+the whole file before anything is used: magic, format and SDK versions, hardware architecture,
+header and section-table crc32s, the size, every section's bounds, alignment and sha256, the
+padding between parts, and every record of every program. Each count and length is checked
+against the bytes that remain *before* anything is allocated from it, so a corrupt or hostile
+file costs at most its own size in memory and time. Every failure raises
+:class:`ep.errors.InvalidGraph` saying what was wrong; nothing is unpickled or evaluated.
+
+The weights of the returned programs are read-only memoryviews into the mapping (or into the
+given bytes): loading a binary copies no weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import mmap
+import os
+import zlib
+from dataclasses import dataclass
+from types import TracebackType
+
+from ep.errors import InvalidGraph
+from firmware_model.program import Program
+
+from . import binary_layout as L
+from .binary_records import Decoder
+from .version import FORMAT_VERSION, SDK_VERSION, sdk_major
+
+
+@dataclass(frozen=True)
+class WeightsSummary:
+    """How the weights blob is shared: ``referenced_bytes`` counts every program's weights,
+    ``distinct_bytes`` each distinct blob once, ``section_bytes`` includes alignment padding."""
+
+    blobs: int
+    references: int
+    referenced_bytes: int
+    distinct_bytes: int
+    section_bytes: int
+
+
+def _text(raw: bytes, field: str) -> str:
+    try:
+        return raw.rstrip(b"\0").decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidGraph(f"header {field} is not valid UTF-8: {raw!r}") from None
+
+
+def _parse_header(view: memoryview, expected_architecture: str | None,
+                  expected_config_digest: str | None) -> L.ContextHeader:
+    size = len(view)
+    head = bytes(view[: len(L.MAGIC)])
+    if head != L.MAGIC[: len(head)] or not head:
+        raise InvalidGraph(
+            f"not an npu-sim context binary: magic {head!r}, expected {L.MAGIC!r}"
+        )
+    if size < L.HEADER_SIZE:
+        raise InvalidGraph(
+            f"truncated context binary: {size} bytes, shorter than the {L.HEADER_SIZE}-byte header"
+        )
+    fields = L.HEADER.unpack_from(view, 0)
+    major, minor, header_size, header_crc = fields[1:5]
+    if major != FORMAT_VERSION[0]:
+        relation = "newer" if major > FORMAT_VERSION[0] else "older"
+        raise InvalidGraph(
+            f"format version {major}.{minor} is {relation} than this SDK supports "
+            f"({FORMAT_VERSION[0]}.x)"
+        )
+    if not L.HEADER_SIZE <= header_size <= size:
+        raise InvalidGraph(
+            f"header size {header_size} is out of range [{L.HEADER_SIZE}, {size}] "
+            "(file size)"
+        )
+    covered = bytearray(view[:header_size])
+    covered[L.HEADER_CRC_OFFSET : L.HEADER_CRC_OFFSET + 4] = bytes(4)
+    computed = zlib.crc32(covered)
+    if computed != header_crc:
+        raise InvalidGraph(
+            f"header checksum mismatch: stored crc32 0x{header_crc:08x}, computed 0x{computed:08x}"
+        )
+    header = L.ContextHeader(
+        magic=fields[0], format_version=(major, minor), header_size=header_size,
+        header_crc32=header_crc, section_count=fields[5], section_table_offset=fields[6],
+        file_size=fields[7], sdk_version=_text(fields[8], "sdk_version"),
+        hardware_architecture=_text(fields[9], "hardware_architecture"),
+        config_digest=_text(fields[10], "config_digest"), section_table_crc32=fields[11],
+    )
+    if header.file_size != size:
+        state = "truncated context binary" if size < header.file_size else "size mismatch"
+        raise InvalidGraph(f"{state}: header says {header.file_size} bytes, file has {size}")
+    try:
+        theirs = sdk_major(header.sdk_version)
+    except ValueError:
+        raise InvalidGraph(f"header sdk_version {header.sdk_version!r} is not MAJOR.MINOR.PATCH") \
+            from None
+    if theirs != sdk_major(SDK_VERSION):
+        raise InvalidGraph(
+            f"context binary was built by SDK {header.sdk_version}, this SDK is {SDK_VERSION}: "
+            "major versions must match; recompile the model"
+        )
+    if expected_architecture is not None and header.hardware_architecture != expected_architecture:
+        raise InvalidGraph(
+            f"context binary was compiled for hardware architecture "
+            f"{header.hardware_architecture!r}, this device is {expected_architecture!r}; "
+            "recompile the model for this device"
+        )
+    if expected_config_digest is not None and header.config_digest != expected_config_digest:
+        raise InvalidGraph(
+            f"context binary was compiled for device config {header.config_digest!r}, this "
+            f"device's config is {expected_config_digest!r}; recompile the model"
+        )
+    return header
+
+
+def _parse_sections(view: memoryview, header: L.ContextHeader) -> list[L.SectionEntry]:
+    size = len(view)
+    count, table_offset = header.section_count, header.section_table_offset
+    table_end = table_offset + count * L.SECTION.size
+    if table_offset < header.header_size or table_end > size:
+        raise InvalidGraph(
+            f"section table of {count} entries at offset {table_offset} does not fit in the "
+            f"file: it must lie within [{header.header_size}, {size}]"
+        )
+    computed = zlib.crc32(view[table_offset:table_end])
+    if computed != header.section_table_crc32:
+        raise InvalidGraph(
+            f"section table checksum mismatch: stored crc32 0x{header.section_table_crc32:08x}, "
+            f"computed 0x{computed:08x}"
+        )
+    sections = []
+    for i in range(count):
+        kind, _flags, offset, length, sha = L.SECTION.unpack_from(
+            view, table_offset + i * L.SECTION.size)
+        entry = L.SectionEntry(kind, offset, length, sha)
+        alignment = L.section_alignment(kind)
+        if offset + length > size or offset % alignment:
+            raise InvalidGraph(
+                f"section #{i} ({entry.kind_name}) at offset {offset} with length {length} is "
+                f"out of range or misaligned: it must end by {size} (file size) and start at a "
+                f"multiple of {alignment}"
+            )
+        sections.append(entry)
+    _check_tiling(view, header, sections)
+    for i, entry in enumerate(sections):
+        digest = hashlib.sha256(view[entry.offset : entry.offset + entry.length]).digest()
+        if digest != entry.sha256:
+            raise InvalidGraph(
+                f"checksum mismatch in section #{i} ({entry.kind_name}): stored sha256 "
+                f"{entry.sha256.hex()[:16]}..., computed {digest.hex()[:16]}..."
+            )
+    return sections
+
+
+def _check_tiling(view: memoryview, header: L.ContextHeader,
+                  sections: list[L.SectionEntry]) -> None:
+    """Header, table and sections must not overlap; what lies between them is short zero padding,
+    so every byte of a valid file is covered by a check."""
+    parts = [("header", 0, header.header_size),
+             ("section table", header.section_table_offset,
+              header.section_table_offset + header.section_count * L.SECTION.size)]
+    parts += [(f"section {s.kind_name}", s.offset, s.offset + s.length) for s in sections]
+    parts.sort(key=lambda part: (part[1], part[2]))
+    parts.append(("end of file", len(view), len(view)))
+    for (name, _, end), (next_name, start, _) in itertools.pairwise(parts):
+        if start < end:
+            raise InvalidGraph(f"{name} (ends at {end}) overlaps {next_name} (starts at {start})")
+        if start - end >= L.MAX_GAP or any(view[end:start]):
+            raise InvalidGraph(
+                f"{start - end} bytes between {name} and {next_name} at offset {end} are not "
+                f"alignment padding (fewer than {L.MAX_GAP} zero bytes)"
+            )
+
+
+class ContextBinary:
+    """A validated context binary: its header, section table and one program per graph.
+
+    Build it with :meth:`open` (mmap a file) or :meth:`from_bytes` (embed mode). The programs'
+    ``weights`` are read-only memoryviews into the underlying buffer. :meth:`close` releases the
+    mapping; weight views handed out earlier keep it alive until they are dropped.
+    """
+
+    def __init__(self, data: bytes | bytearray | memoryview, *,
+                 expected_architecture: str | None = None,
+                 expected_config_digest: str | None = None, source: str = "<bytes>",
+                 _mapping: mmap.mmap | None = None) -> None:
+        self.source = source
+        self._mapping = _mapping
+        view = memoryview(data).cast("B").toreadonly()
+        self.header = _parse_header(view, expected_architecture, expected_config_digest)
+        self.sections = _parse_sections(view, self.header)
+        by_kind: dict[L.SectionKind, L.SectionEntry] = {}
+        for entry in self.sections:
+            if entry.kind in by_kind:
+                raise InvalidGraph(f"section {entry.kind_name} appears more than once")
+            if entry.kind in set(L.SectionKind):
+                by_kind[L.SectionKind(entry.kind)] = entry
+        missing = [kind.name.lower() for kind in L.REQUIRED_SECTIONS if kind not in by_kind]
+        if missing:
+            raise InvalidGraph(f"required sections missing: {', '.join(missing)}")
+        decoder = Decoder(view, by_kind)
+        self._programs = decoder.graphs()
+        self.weights_summary = WeightsSummary(
+            blobs=len(decoder.blobs), references=len(decoder.references),
+            referenced_bytes=sum(decoder.references), distinct_bytes=sum(decoder.blobs.values()),
+            section_bytes=by_kind[L.SectionKind.WEIGHTS].length,
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes | bytearray | memoryview, *,
+                   expected_architecture: str | None = None,
+                   expected_config_digest: str | None = None) -> ContextBinary:
+        """Validate and wrap a binary held in memory (weights become views into ``data``)."""
+        return cls(data, expected_architecture=expected_architecture,
+                   expected_config_digest=expected_config_digest)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, expected_architecture: str | None = None,
+             expected_config_digest: str | None = None) -> ContextBinary:
+        """Map the file at ``path`` read-only and validate it.
+
+        ``expected_architecture`` / ``expected_config_digest``, when given, must equal what the
+        binary was compiled for.
+        """
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        except OSError as exc:
+            raise InvalidGraph(f"cannot open context binary {os.fspath(path)!r}: "
+                               f"{exc.strerror}") from None
+        try:
+            return cls(mapping if mapping is not None else b"", source=os.fspath(path),
+                       expected_architecture=expected_architecture,
+                       expected_config_digest=expected_config_digest, _mapping=mapping)
+        except BaseException:
+            _release(mapping)
+            raise
+
+    def graph_names(self) -> list[str]:
+        """The graph names, in file order."""
+        return list(self._programs)
+
+    def program(self, name: str) -> Program:
+        """The program of graph ``name``."""
+        try:
+            return self._programs[name]
+        except KeyError:
+            raise InvalidGraph(
+                f"no graph named {name!r} in context binary {self.source}; "
+                f"graphs: {self.graph_names()}"
+            ) from None
+
+    def programs(self) -> list[Program]:
+        """Every program, in file order."""
+        return list(self._programs.values())
+
+    def close(self) -> None:
+        """Release the mapping (it stays alive while weight views are still referenced)."""
+        self._programs = {}
+        mapping, self._mapping = self._mapping, None
+        _release(mapping)
+
+    def __enter__(self) -> ContextBinary:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def _release(mapping: mmap.mmap | None) -> None:
+    """Close ``mapping`` now if no view into it is alive; otherwise the last view closes it."""
+    if mapping is not None:
+        with contextlib.suppress(BufferError):
+            mapping.close()

@@ -1,0 +1,227 @@
+"""Decoding the metadata sections of a context binary: strings, graph index, program records.
+
+Runs after :mod:`ep.npusim.binary_reader` has checked the header, the section table and every
+section's bounds and checksum; what is checked here is the *content*: every count against the
+bytes left in its section before reading (so nothing is allocated from an unchecked length),
+every string id, tensor index, dtype code, region, attribute tag and weight blob reference.
+Failures raise :class:`ep.errors.InvalidGraph` naming the graph and record.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+
+from ep.errors import InvalidGraph
+from firmware_model.program import AttrValue, KernelLaunch, Program, Region, TensorDesc
+from npu_sim import dtypes
+from npu_sim.errors import ConfigError
+
+from . import binary_layout as L
+
+
+class _Cursor:
+    """Reads packed records from one section, refusing to run past its end."""
+
+    def __init__(self, view: memoryview, where: str) -> None:
+        self.view = view
+        self.pos = 0
+        self.where = where
+
+    def need(self, nbytes: int, what: str) -> None:
+        left = len(self.view) - self.pos
+        if nbytes > left:
+            raise InvalidGraph(
+                f"{self.where}: {what} needs {nbytes} bytes at offset {self.pos}, "
+                f"only {left} remain"
+            )
+
+    def take(self, layout: struct.Struct, what: str) -> tuple:
+        self.need(layout.size, what)
+        values = layout.unpack_from(self.view, self.pos)
+        self.pos += layout.size
+        return values
+
+    def array(self, code: str, count: int, what: str) -> tuple:
+        self.need(count * struct.calcsize(code), f"{count} x {what}")
+        values = struct.unpack_from(f"<{count}{code}", self.view, self.pos)
+        self.pos += count * struct.calcsize(code)
+        return values
+
+    def raw(self, nbytes: int, what: str) -> bytes:
+        self.need(nbytes, what)
+        data = self.view[self.pos : self.pos + nbytes].tobytes()
+        self.pos += nbytes
+        return data
+
+    def finish(self) -> None:
+        if self.pos != len(self.view):
+            raise InvalidGraph(
+                f"{self.where}: {len(self.view) - self.pos} unexpected bytes after offset "
+                f"{self.pos}"
+            )
+
+
+def _parse_strings(view: memoryview) -> list[str]:
+    cur = _Cursor(view, "section strings")
+    (count,) = cur.take(L.STR_COUNT, "string count")
+    lengths = cur.array("I", count, "string length")
+    strings = []
+    for i, length in enumerate(lengths):
+        raw = cur.raw(length, f"string {i}")
+        try:
+            strings.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise InvalidGraph(f"section strings: string {i} is not valid UTF-8") from None
+    cur.finish()
+    return strings
+
+
+class Decoder:
+    """Decodes the graph index and program records once the sections are known to be sound."""
+
+    def __init__(self, view: memoryview, sections: Mapping[L.SectionKind, L.SectionEntry]):
+        def body(kind: L.SectionKind) -> memoryview:
+            entry = sections[kind]
+            return view[entry.offset : entry.offset + entry.length]
+
+        self.strings = _parse_strings(body(L.SectionKind.STRINGS))
+        self.programs_view = body(L.SectionKind.PROGRAMS)
+        self.commands_view = body(L.SectionKind.COMMANDS)
+        self.weights_view = body(L.SectionKind.WEIGHTS)
+        self.graphs_view = body(L.SectionKind.GRAPHS)
+        self.blobs: dict[int, int] = {}
+        self.references: list[int] = []
+
+    def string(self, index: int, where: str) -> str:
+        if index >= len(self.strings):
+            raise InvalidGraph(
+                f"{where}: string id {index} is out of range [0, {len(self.strings)})"
+            )
+        return self.strings[index]
+
+    def graphs(self) -> dict[str, Program]:
+        cur = _Cursor(self.graphs_view, "section graphs")
+        (count,) = cur.take(L.GRAPH_COUNT, "graph count")
+        cur.need(count * L.GRAPH.size, f"{count} graph entries")
+        programs: dict[str, Program] = {}
+        for i in range(count):
+            name_id, _, offset, length = cur.take(L.GRAPH, f"graph entry {i}")
+            name = self.string(name_id, f"section graphs, entry {i}")
+            if name in programs:
+                raise InvalidGraph(f"section graphs: graph name {name!r} appears twice")
+            if offset + length > len(self.programs_view):
+                raise InvalidGraph(
+                    f"graph {name!r}: program record at {offset} with length {length} runs past "
+                    f"the programs section ({len(self.programs_view)} bytes)"
+                )
+            record = self.programs_view[offset : offset + length]
+            programs[name] = self.program(name, _Cursor(record, f"graph {name!r}"))
+        cur.finish()
+        return programs
+
+    def indices(self, cur: _Cursor, count: int, n_tensors: int, lowest: int,
+                what: str) -> tuple[int, ...]:
+        values = cur.array("i", count, what)
+        for value in values:
+            if not lowest <= value < n_tensors:
+                raise InvalidGraph(
+                    f"{cur.where}: {what} {value} is out of range [{lowest}, {n_tensors})"
+                )
+        return values
+
+    def program(self, name: str, cur: _Cursor) -> Program:
+        (arch_id, _, arena, cmd_offset, cmd_length, n_tensors, n_launches, n_inputs, n_outputs,
+         n_weights) = cur.take(L.PROGRAM, "program header")
+        if cmd_offset + cmd_length > len(self.commands_view):
+            raise InvalidGraph(
+                f"{cur.where}: command stream at {cmd_offset} with length {cmd_length} runs past "
+                f"the commands section ({len(self.commands_view)} bytes)"
+            )
+        cur.need(n_tensors * L.TENSOR.size, f"{n_tensors} tensors")
+        tensors = tuple(self.tensor(cur, i) for i in range(n_tensors))
+        inputs = self.indices(cur, n_inputs, n_tensors, 0, "input tensor index")
+        outputs = self.indices(cur, n_outputs, n_tensors, 0, "output tensor index")
+        cur.need(n_weights * L.WEIGHT.size, f"{n_weights} weights")
+        weights = {}
+        for _ in range(n_weights):
+            index, _, offset, length = cur.take(L.WEIGHT, "weight entry")
+            if index >= n_tensors or index in weights:
+                raise InvalidGraph(
+                    f"{cur.where}: weight tensor index {index} is out of range [0, {n_tensors}) "
+                    "or repeated"
+                )
+            weights[index] = self.blob(offset, length, f"{cur.where}, weight of tensor {index}")
+        cur.need(n_launches * L.LAUNCH.size, f"{n_launches} launches")
+        launches = tuple(self.launch(cur, i, n_tensors) for i in range(n_launches))
+        cur.finish()
+        return Program(
+            name=name, tensors=tensors, launches=launches,
+            commands=self.commands_view[cmd_offset : cmd_offset + cmd_length].tobytes(),
+            inputs=inputs, outputs=outputs, weights=weights, arena_bytes=arena,
+            hardware_architecture=self.string(arch_id, cur.where),
+        )
+
+    def blob(self, offset: int, length: int, where: str) -> memoryview:
+        if offset % L.WEIGHT_ALIGN or offset + length > len(self.weights_view):
+            raise InvalidGraph(
+                f"{where}: blob at {offset} with length {length} must start at a multiple of "
+                f"{L.WEIGHT_ALIGN} and end by {len(self.weights_view)} (weights section size)"
+            )
+        self.blobs[offset] = max(length, self.blobs.get(offset, 0))
+        self.references.append(length)
+        return self.weights_view[offset : offset + length]
+
+    def tensor(self, cur: _Cursor, i: int) -> TensorDesc:
+        name_id, dtype_code, region, rank, offset = cur.take(L.TENSOR, f"tensor {i}")
+        shape = cur.array("Q", rank, f"tensor {i} dimension")
+        try:
+            dtype = dtypes.from_code(dtype_code)
+            region = Region(region)
+        except (ConfigError, ValueError):
+            raise InvalidGraph(
+                f"{cur.where}, tensor {i}: dtype code {dtype_code} or region {region} is unknown "
+                f"(dtype codes 0..{len(dtypes.DTYPES) - 1}, regions {[int(r) for r in Region]})"
+            ) from None
+        name = self.string(name_id, f"{cur.where}, tensor {i}")
+        return TensorDesc(name, shape, dtype, region, offset)
+
+    def launch(self, cur: _Cursor, i: int, n_tensors: int) -> KernelLaunch:
+        where = f"launch {i}"
+        op_id, node_id, n_in, n_out, n_attrs = cur.take(L.LAUNCH, where)
+        inputs = self.indices(cur, n_in, n_tensors, -1, f"{where} input")
+        outputs = self.indices(cur, n_out, n_tensors, -1, f"{where} output")
+        cur.need(n_attrs * (L.ATTR.size + 4), f"{n_attrs} attributes")
+        attrs: dict[str, AttrValue] = {}
+        for _ in range(n_attrs):
+            name_id, tag = cur.take(L.ATTR, f"{where} attribute")
+            name = self.string(name_id, f"{cur.where}, {where}")
+            if name in attrs:
+                raise InvalidGraph(f"{cur.where}, {where}: attribute {name!r} appears twice")
+            attrs[name] = self.attr(cur, tag, f"{where} attribute {name!r}")
+        return KernelLaunch(
+            op=self.string(op_id, f"{cur.where}, {where}"), inputs=inputs, outputs=outputs,
+            attrs=attrs, node=self.string(node_id, f"{cur.where}, {where}"),
+        )
+
+    def attr(self, cur: _Cursor, tag: int, what: str) -> AttrValue:
+        if tag not in set(L.AttrTag):
+            raise InvalidGraph(
+                f"{cur.where}, {what}: malformed attribute tag {tag}; valid tags are "
+                f"{', '.join(f'{t.value} ({t.name})' for t in L.AttrTag)}"
+            )
+        if tag == L.AttrTag.INT:
+            return cur.take(L.I64, what)[0]
+        if tag == L.AttrTag.FLOAT:
+            return cur.take(L.F64, what)[0]
+        if tag == L.AttrTag.STRING:
+            return self.string(cur.take(L.COUNT, what)[0], f"{cur.where}, {what}")
+        (count,) = cur.take(L.COUNT, f"{what} length")
+        if tag == L.AttrTag.BYTES:
+            return cur.raw(count, what)
+        if tag == L.AttrTag.INTS:
+            return cur.array("q", count, what)
+        if tag == L.AttrTag.FLOATS:
+            return cur.array("d", count, what)
+        ids = cur.array("I", count, what)  # AttrTag.STRINGS
+        return tuple(self.string(s, f"{cur.where}, {what}") for s in ids)

@@ -1,0 +1,278 @@
+"""Writing context binaries: many compiled programs and their weights in one file.
+
+:func:`pack_context` encodes a sequence of :class:`~firmware_model.program.Program` into the
+layout of ``docs/binary_format.md``; :func:`write_context_binary` writes the same bytes to a
+file atomically. Weights are stored once per distinct content (by sha256) across every program
+of the file, each 512-byte aligned, and are streamed to the file from the programs' own buffers
+rather than copied into one big intermediate blob.
+
+Bad input (a duplicate graph name, a tensor index out of range, an attribute of a type the format
+has no tag for, a value that does not fit its field) raises :class:`ep.errors.InvalidArgument`
+naming the graph and the field.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import struct
+import tempfile
+import zlib
+from collections.abc import Sequence
+from numbers import Integral, Real
+from pathlib import Path
+
+from ep.errors import InvalidArgument
+from firmware_model.program import AttrValue, KernelLaunch, Program, TensorDesc
+from npu_sim import dtypes
+from npu_sim.errors import ConfigError
+
+from . import binary_layout as L
+from .version import FORMAT_VERSION, SDK_VERSION
+
+Buffer = bytes | bytearray | memoryview
+
+
+class _Strings:
+    """The string table being built: each distinct string once, referenced by index."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+
+    def add(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise InvalidArgument(f"expected a string, got {type(text).__name__} {text!r}")
+        return self._ids.setdefault(text, len(self._ids))
+
+    def encode(self) -> bytes:
+        encoded = [s.encode("utf-8") for s in self._ids]
+        out = bytearray(L.STR_COUNT.pack(len(encoded)))
+        for raw in encoded:
+            out += L.STR_LEN.pack(len(raw))
+        for raw in encoded:
+            out += raw
+        return bytes(out)
+
+
+class _Weights:
+    """The weights blob being built: distinct contents, each at a 512-byte aligned offset."""
+
+    def __init__(self) -> None:
+        self._by_digest: dict[bytes, int] = {}
+        self.pieces: list[Buffer] = []
+        self.size = 0
+
+    def add(self, data: Buffer) -> int:
+        digest = hashlib.sha256(data).digest()
+        if digest in self._by_digest:
+            return self._by_digest[digest]
+        offset = L.align_up(self.size, L.WEIGHT_ALIGN)
+        if offset > self.size:
+            self.pieces.append(bytes(offset - self.size))
+        self.pieces.append(data)
+        self.size = offset + len(data)
+        self._by_digest[digest] = offset
+        return offset
+
+
+def _pack(layout: struct.Struct, *values: object, what: str) -> bytes:
+    try:
+        return layout.pack(*values)
+    except struct.error:
+        raise InvalidArgument(f"{what}: values {values} do not fit the binary format") from None
+
+
+def _index_list(values: Sequence[int], n_tensors: int, lowest: int, what: str) -> bytes:
+    for value in values:
+        if not isinstance(value, Integral) or not lowest <= value < n_tensors:
+            raise InvalidArgument(
+                f"{what}: tensor index {value!r} is out of range [{lowest}, {n_tensors})"
+            )
+    return struct.pack(f"<{len(values)}i", *values)
+
+
+def _encode_attr(name: str, value: AttrValue, strings: _Strings, what: str) -> bytes:
+    where = f"{what}, attribute {name!r}"
+    tag, payload = _attr_payload(value, strings, where)
+    return L.ATTR.pack(strings.add(name), tag) + payload
+
+
+def _attr_payload(value: AttrValue, strings: _Strings, where: str) -> tuple[int, bytes]:
+    if isinstance(value, str):
+        return L.AttrTag.STRING, L.COUNT.pack(strings.add(value))
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+        return L.AttrTag.BYTES, _pack(L.COUNT, len(data), what=where) + data
+    if isinstance(value, Integral):
+        return L.AttrTag.INT, _pack(L.I64, int(value), what=where)
+    if isinstance(value, Real):
+        return L.AttrTag.FLOAT, L.F64.pack(float(value))
+    if isinstance(value, (tuple, list)):
+        items = list(value)
+        count = L.COUNT.pack(len(items))
+        if all(isinstance(v, Integral) for v in items):
+            return L.AttrTag.INTS, count + _pack(
+                struct.Struct(f"<{len(items)}q"), *map(int, items), what=where)
+        if all(isinstance(v, Real) and not isinstance(v, Integral) for v in items):
+            return L.AttrTag.FLOATS, count + struct.pack(f"<{len(items)}d", *map(float, items))
+        if all(isinstance(v, str) for v in items):
+            ids = [strings.add(v) for v in items]
+            return L.AttrTag.STRINGS, count + struct.pack(f"<{len(ids)}I", *ids)
+        kinds = sorted({type(v).__name__ for v in items})
+        raise InvalidArgument(
+            f"{where}: a list must hold only ints, only floats or only strings, got {kinds}"
+        )
+    raise InvalidArgument(
+        f"{where}: {type(value).__name__} is not an attribute type; expected int, float, str, "
+        "bytes or a tuple of int, float or str"
+    )
+
+
+def _encode_tensor(t: TensorDesc, strings: _Strings, what: str) -> bytes:
+    try:
+        code = dtypes.code(t.dtype)
+    except ConfigError:
+        raise InvalidArgument(
+            f"{what}: dtype {t.dtype!r} is not one of {list(dtypes.DTYPES)}"
+        ) from None
+    shape = tuple(t.shape)
+    head = _pack(L.TENSOR, strings.add(t.name), code, int(t.region), len(shape), t.offset,
+                 what=what)
+    return head + _pack(struct.Struct(f"<{len(shape)}Q"), *shape, what=f"{what} shape")
+
+
+def _encode_launch(k: KernelLaunch, n_tensors: int, strings: _Strings, what: str) -> bytes:
+    attrs = dict(k.attrs)
+    out = bytearray(_pack(L.LAUNCH, strings.add(k.op), strings.add(k.node), len(k.inputs),
+                          len(k.outputs), len(attrs), what=what))
+    out += _index_list(k.inputs, n_tensors, -1, f"{what} inputs")
+    out += _index_list(k.outputs, n_tensors, -1, f"{what} outputs")
+    for name, value in attrs.items():
+        out += _encode_attr(name, value, strings, what)
+    return bytes(out)
+
+
+def _encode_program(p: Program, strings: _Strings, weights: _Weights,
+                    commands: list[bytes], commands_size: int) -> bytes:
+    what = f"graph {p.name!r}"
+    n = len(p.tensors)
+    for key in p.weights:
+        if not isinstance(key, Integral) or not 0 <= key < n:
+            raise InvalidArgument(f"{what} weights: tensor index {key!r} is out of range [0, {n})")
+    stream = bytes(p.commands)
+    commands.append(stream)
+    out = bytearray(_pack(
+        L.PROGRAM, strings.add(p.hardware_architecture), 0, p.arena_bytes, commands_size,
+        len(stream), n, len(p.launches), len(p.inputs), len(p.outputs), len(p.weights),
+        what=what,
+    ))
+    for i, t in enumerate(p.tensors):
+        out += _encode_tensor(t, strings, f"{what} tensor {i}")
+    out += _index_list(p.inputs, n, 0, f"{what} inputs")
+    out += _index_list(p.outputs, n, 0, f"{what} outputs")
+    for index in sorted(p.weights):
+        data = p.weights[index]
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidArgument(
+                f"{what} weight of tensor {index}: expected bytes, got {type(data).__name__}"
+            )
+        data = memoryview(data).cast("B")
+        out += L.WEIGHT.pack(index, 0, weights.add(data), len(data))
+    for i, launch in enumerate(p.launches):
+        out += _encode_launch(launch, n, strings, f"{what} launch {i}")
+    return bytes(out)
+
+
+def _header_text(value: str, size: int, field: str) -> bytes:
+    raw = value.encode("utf-8") if isinstance(value, str) else b"\0"
+    if len(raw) > size or b"\0" in raw:
+        raise InvalidArgument(
+            f"{field} {value!r} must be a string of at most {size} UTF-8 bytes without NUL"
+        )
+    return raw
+
+
+def _layout(programs: Sequence[Program], hardware_architecture: str, config_digest: str,
+            sdk_version: str) -> list[Buffer]:
+    """The file as a list of pieces whose concatenation is the binary."""
+    arch = _header_text(hardware_architecture, 128, "hardware_architecture")
+    digest = _header_text(config_digest, 64, "config_digest")
+    sdk = _header_text(sdk_version, 32, "sdk_version")
+    strings, weights = _Strings(), _Weights()
+    commands: list[bytes] = []
+    commands_size = 0
+    graphs = bytearray(L.GRAPH_COUNT.pack(len(programs)))
+    records = bytearray()
+    seen: set[str] = set()
+    for p in programs:
+        if p.name in seen:
+            raise InvalidArgument(f"graph name {p.name!r} appears more than once")
+        seen.add(p.name)
+        record = _encode_program(p, strings, weights, commands, commands_size)
+        commands_size += len(commands[-1])
+        graphs += L.GRAPH.pack(strings.add(p.name), 0, len(records), len(record))
+        records += record
+    sections: list[tuple[L.SectionKind, list[Buffer]]] = [
+        (L.SectionKind.STRINGS, [strings.encode()]),
+        (L.SectionKind.GRAPHS, [bytes(graphs)]),
+        (L.SectionKind.PROGRAMS, [bytes(records)]),
+        (L.SectionKind.COMMANDS, commands),
+        (L.SectionKind.WEIGHTS, weights.pieces),
+    ]
+    table_offset = L.HEADER_SIZE
+    position = table_offset + L.SECTION.size * len(sections)
+    body: list[Buffer] = []
+    table = bytearray()
+    for kind, pieces in sections:
+        offset = L.align_up(position, L.section_alignment(kind))
+        body.append(bytes(offset - position))
+        sha, length = hashlib.sha256(), 0
+        for piece in pieces:
+            sha.update(piece)
+            length += len(piece)
+        body.extend(pieces)
+        table += L.SECTION.pack(kind, 0, offset, length, sha.digest())
+        position = offset + length
+    header = bytearray(L.HEADER_SIZE)
+    L.HEADER.pack_into(header, 0, L.MAGIC, *FORMAT_VERSION, L.HEADER_SIZE, 0, len(sections),
+                       table_offset, position, sdk, arch, digest, zlib.crc32(table))
+    struct.pack_into("<I", header, L.HEADER_CRC_OFFSET, zlib.crc32(header))
+    return [bytes(header), bytes(table), *body]
+
+
+def pack_context(programs: Sequence[Program], *, hardware_architecture: str,
+                 config_digest: str = "", sdk_version: str = SDK_VERSION) -> bytes:
+    """Encode ``programs`` (one per graph, distinct names) into a context binary.
+
+    ``hardware_architecture`` is the device config name the programs were compiled for (readers
+    may require it to match); ``config_digest`` the :attr:`DeviceConfig.digest` of that config.
+    """
+    return b"".join(_layout(programs, hardware_architecture, config_digest, sdk_version))
+
+
+def write_context_binary(path: str | os.PathLike[str], programs: Sequence[Program], *,
+                         hardware_architecture: str, config_digest: str = "",
+                         sdk_version: str = SDK_VERSION) -> None:
+    """Write ``programs`` as a context binary at ``path``, atomically.
+
+    The bytes go to a temporary file in the same folder, which is fsynced and then renamed over
+    ``path``; on any error the temporary file is removed and ``path`` is left as it was.
+    """
+    pieces = _layout(programs, hardware_architecture, config_digest, sdk_version)
+    target = Path(path)
+    fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for piece in pieces:
+                f.write(piece)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+
+
+__all__ = ["pack_context", "write_context_binary"]
