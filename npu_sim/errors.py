@@ -25,9 +25,14 @@ class NpuSimError(Exception):
     """Base class of every error the simulator raises on purpose."""
 
     def __init__(self, scope: str, message: str) -> None:
+        # Exception.__init__ is not called, so ``args`` stay the concrete class's constructor
+        # arguments and ``type(e)(*e.args)`` rebuilds the error (simpy does exactly that when a
+        # failed event crashes ``run()``; pickling relies on it too).
         self.scope = scope
         self.message = message
-        super().__init__(f"{scope}: {message}" if scope else message)
+
+    def __str__(self) -> str:
+        return f"{self.scope}: {self.message}" if self.scope else self.message
 
 
 class ConfigError(NpuSimError, ValueError):
