@@ -1,0 +1,258 @@
+"""Command descriptors: the fixed 64-byte binary records the host writes into a submission ring.
+
+Every descriptor is little-endian and exactly :data:`COMMAND_BYTES` long::
+
+    offset  size  field
+    0       1     opcode   (Opcode)
+    1       1     flags    reserved, must be 0
+    2       2     ndeps    number of valid entries in deps (0..MAX_DEPS)
+    4       4     cmd_id   u32, unique within a submission
+    8       32    deps     u32[8]: ids of earlier commands of the same submission; unused slots 0
+    40      24    payload  opcode-specific; every byte not used by the opcode must be 0
+
+Payloads (offsets relative to byte 40):
+
+- ``NOP``, ``BARRIER``: none (all 24 bytes reserved);
+- ``DMA``: u64 src @0, u64 dst @8, u64 nbytes @16;
+- ``KERNEL``: u32 launch @0, u32 pad @4 (0), u64 core_mask @8, 8 reserved bytes;
+- ``SIGNAL``, ``WAIT``: u32 semaphore @0, u32 value @4, 16 reserved bytes.
+
+Decoding is strict: an unknown opcode, ``ndeps > MAX_DEPS``, a nonzero reserved byte or a length
+that is not a multiple of 64 raises :class:`~npu_sim.errors.InvalidCommand` naming the byte
+offset, so a corrupt stream never decodes into something the firmware would run by accident.
+The dataclasses validate their fields when built, so ``unpack(pack(cmds)) == cmds`` always holds.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from enum import IntEnum
+
+from npu_sim.errors import InvalidCommand
+
+from .program import OFFSET_MASK, REGION_SHIFT, Region
+
+COMMAND_BYTES = 64
+MAX_DEPS = 8
+U32_MAX = (1 << 32) - 1
+U64_MAX = (1 << 64) - 1
+
+_HEADER = struct.Struct("<BBHI8I")  # opcode, flags, ndeps, cmd_id, deps[8]: 40 bytes
+_PAYLOAD_AT = _HEADER.size
+_DMA = struct.Struct("<QQQ")
+_KERNEL = struct.Struct("<IIQ8x")
+_SEM = struct.Struct("<II16x")
+_EMPTY = bytes(24)
+_SCOPE = "npu.fw"
+
+
+class Opcode(IntEnum):
+    """What a descriptor asks the firmware to do."""
+
+    NOP = 0
+    DMA = 1
+    KERNEL = 2
+    SIGNAL = 3
+    WAIT = 4
+    BARRIER = 5
+
+
+def _check_uint(cls_name: str, name: str, value: object, limit: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+        raise InvalidCommand(_SCOPE, f"{cls_name}.{name}={value!r} is invalid; expected an "
+                             f"integer in [0, {limit}]")
+    return value
+
+
+@dataclass(frozen=True)
+class _Base:
+    """Fields every command has: its id and the ids of the commands it waits for."""
+
+    cmd_id: int
+    deps: tuple[int, ...] = field(default=(), kw_only=True)
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        _check_uint(name, "cmd_id", self.cmd_id, U32_MAX)
+        deps = tuple(self.deps)
+        if len(deps) > MAX_DEPS:
+            raise InvalidCommand(_SCOPE, f"{name} {self.cmd_id} has {len(deps)} deps; at most "
+                                 f"{MAX_DEPS} fit a descriptor (chain Nop joins for more)")
+        for d in deps:
+            _check_uint(name, "deps[]", d, U32_MAX)
+        object.__setattr__(self, "deps", deps)
+        for f in fields(self):
+            if f.name not in ("cmd_id", "deps"):
+                _check_uint(name, f.name, getattr(self, f.name), _LIMITS[f.name])
+
+
+_LIMITS = {"src": U64_MAX, "dst": U64_MAX, "nbytes": U64_MAX, "launch": U32_MAX,
+           "core_mask": U64_MAX, "semaphore": U32_MAX, "value": U32_MAX}
+
+
+@dataclass(frozen=True)
+class Nop(_Base):
+    """Does nothing. With deps it is a join: it completes once all of them have."""
+
+    opcode = Opcode.NOP
+
+
+@dataclass(frozen=True)
+class Dma(_Base):
+    """Copy ``nbytes`` from ``src`` to ``dst`` (HBM addresses, host IOVAs or relocatable)."""
+
+    src: int
+    dst: int
+    nbytes: int
+    opcode = Opcode.DMA
+
+
+@dataclass(frozen=True)
+class Kernel(_Base):
+    """Run launch ``launch`` of the loaded program on the cores in ``core_mask`` (0 = all)."""
+
+    launch: int
+    core_mask: int
+    opcode = Opcode.KERNEL
+
+
+@dataclass(frozen=True)
+class Signal(_Base):
+    """Add ``value`` to semaphore ``semaphore`` (semaphores are counters; see docs/firmware.md)."""
+
+    semaphore: int
+    value: int
+    opcode = Opcode.SIGNAL
+
+
+@dataclass(frozen=True)
+class Wait(_Base):
+    """Wait until semaphore ``semaphore`` holds at least ``value``."""
+
+    semaphore: int
+    value: int
+    opcode = Opcode.WAIT
+
+
+@dataclass(frozen=True)
+class Barrier(_Base):
+    """Wait for every earlier command of the submission; every later one waits for it."""
+
+    opcode = Opcode.BARRIER
+
+
+Command = Nop | Dma | Kernel | Signal | Wait | Barrier
+_CLASSES: dict[Opcode, type] = {Opcode.NOP: Nop, Opcode.DMA: Dma, Opcode.KERNEL: Kernel,
+                                 Opcode.SIGNAL: Signal, Opcode.WAIT: Wait, Opcode.BARRIER: Barrier}
+_CLASSES_BY_TYPE = {cls: op for op, cls in _CLASSES.items()}
+
+
+def encode(cmd: Command) -> bytes:
+    """The 64-byte descriptor of one command."""
+    try:
+        op = _CLASSES_BY_TYPE[type(cmd)]
+    except KeyError:
+        raise InvalidCommand(_SCOPE, f"cannot encode {type(cmd).__name__}; expected one of "
+                             f"{[c.__name__ for c in _CLASSES.values()]}") from None
+    deps = cmd.deps + (0,) * (MAX_DEPS - len(cmd.deps))
+    header = _HEADER.pack(op, 0, len(cmd.deps), cmd.cmd_id, *deps)
+    if isinstance(cmd, Dma):
+        payload = _DMA.pack(cmd.src, cmd.dst, cmd.nbytes)
+    elif isinstance(cmd, Kernel):
+        payload = _KERNEL.pack(cmd.launch, 0, cmd.core_mask)
+    elif isinstance(cmd, (Signal, Wait)):
+        payload = _SEM.pack(cmd.semaphore, cmd.value)
+    else:
+        payload = _EMPTY
+    return header + payload
+
+
+def pack(commands: Sequence[Command]) -> bytes:
+    """The concatenated descriptors of ``commands``."""
+    return b"".join(encode(c) for c in commands)
+
+
+def decode(data: bytes | bytearray | memoryview, offset: int = 0) -> Command:
+    """Decode the descriptor at ``offset``; malformed bytes raise InvalidCommand with the offset."""
+    if offset < 0 or offset + COMMAND_BYTES > len(data):
+        raise InvalidCommand(_SCOPE, f"descriptor at byte {offset} is truncated: "
+                             f"{len(data) - offset} bytes left, a descriptor is {COMMAND_BYTES}")
+    opcode, flags, ndeps, cmd_id, *deps = _HEADER.unpack_from(data, offset)
+    payload = bytes(data[offset + _PAYLOAD_AT:offset + COMMAND_BYTES])
+
+    def bad(at: int, what: str) -> InvalidCommand:
+        return InvalidCommand(_SCOPE, f"descriptor at byte {offset} (byte {offset + at}): {what}")
+
+    if opcode not in _CLASSES.keys():
+        valid = ", ".join(f"{o.value}={o.name}" for o in Opcode)
+        raise bad(0, f"unknown opcode {opcode}; valid opcodes: {valid}")
+    op = Opcode(opcode)
+    if flags:
+        raise bad(1, f"flags={flags:#x}; the flags byte is reserved and must be 0")
+    if ndeps > MAX_DEPS:
+        raise bad(2, f"ndeps={ndeps}; at most {MAX_DEPS}")
+    for i in range(ndeps, MAX_DEPS):
+        if deps[i]:
+            raise bad(8 + 4 * i, f"unused dep slot {i} holds {deps[i]}; it must be 0")
+    dep_ids = tuple(deps[:ndeps])
+    if op is Opcode.DMA:
+        return Dma(cmd_id, *_DMA.unpack(payload), deps=dep_ids)
+    if op is Opcode.KERNEL:
+        launch, pad, mask = _KERNEL.unpack(payload)
+        used = 16
+        if pad:
+            raise bad(_PAYLOAD_AT + 4, f"KERNEL pad word holds {pad}; it must be 0")
+        result: Command = Kernel(cmd_id, launch, mask, deps=dep_ids)
+    elif op in (Opcode.SIGNAL, Opcode.WAIT):
+        used = 8
+        result = _CLASSES[op](cmd_id, *_SEM.unpack(payload), deps=dep_ids)
+    else:
+        used = 0
+        result = _CLASSES[op](cmd_id, deps=dep_ids)
+    for i in range(used, len(payload)):
+        if payload[i]:
+            raise bad(_PAYLOAD_AT + i, f"reserved payload byte {i} of {op.name} holds "
+                      f"{payload[i]:#04x}; it must be 0")
+    return result
+
+
+def unpack(data: bytes | bytearray | memoryview) -> list[Command]:
+    """Decode a stream of descriptors (the inverse of :func:`pack`)."""
+    if len(data) % COMMAND_BYTES:
+        raise InvalidCommand(_SCOPE, f"command stream of {len(data)} bytes is not a multiple of "
+                             f"{COMMAND_BYTES}; {len(data) % COMMAND_BYTES} bytes trail at byte "
+                             f"{len(data) - len(data) % COMMAND_BYTES}")
+    return [decode(data, off) for off in range(0, len(data), COMMAND_BYTES)]
+
+
+def describe_address(address: int) -> str:
+    """An address as a person reads it: ``arena+0x40``, ``weights+0x0`` or absolute hex."""
+    region, offset = address >> REGION_SHIFT, address & OFFSET_MASK
+    if region in (Region.ARENA, Region.WEIGHTS, Region.HOST):
+        return f"{Region(region).name.lower()}+{offset:#x}"
+    return f"{address:#x}"
+
+
+def describe(cmd: Command) -> str:
+    """One line for a command, as the ``inspect`` CLI prints it."""
+    head = f"#{cmd.cmd_id} {type(cmd).opcode.name}"
+    if isinstance(cmd, Dma):
+        body = (f" {describe_address(cmd.src)} -> {describe_address(cmd.dst)} "
+                f"{cmd.nbytes} B")
+    elif isinstance(cmd, Kernel):
+        body = f" launch={cmd.launch} cores={'all' if not cmd.core_mask else hex(cmd.core_mask)}"
+    elif isinstance(cmd, (Signal, Wait)):
+        rel = "+=" if isinstance(cmd, Signal) else ">="
+        body = f" sem[{cmd.semaphore}] {rel} {cmd.value}"
+    else:
+        body = ""
+    deps = f" after {','.join(map(str, cmd.deps))}" if cmd.deps else ""
+    return head + body + deps
+
+
+__all__ = [
+    "COMMAND_BYTES", "MAX_DEPS", "Barrier", "Command", "Dma", "Kernel", "Nop", "Opcode", "Signal",
+    "Wait", "decode", "describe", "describe_address", "encode", "pack", "unpack",
+]

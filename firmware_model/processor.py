@@ -1,0 +1,439 @@
+"""The command processor: doorbell, fetch, dependency tracking, dispatch, completions, faults.
+
+:class:`Firmware` runs one simpy process per queue. Each waits for a doorbell write, fetches the
+descriptors up to the new tail, decodes each one and starts it as its own simpy process, so
+commands run concurrently: a command waits only for its own deps (and the submission's latest
+BARRIER), never for unrelated earlier commands. DMA goes to ``device.dma``, KERNEL to
+``device.compute`` on the cores of its mask, SIGNAL/WAIT act on the firmware's semaphores.
+
+Every command ends with exactly one completion entry (:mod:`firmware_model.rings`) and one trace
+record (kind ``"command"``, engine ``"fw.q<N>"``). A bad command never raises inside simpy: it
+completes with a fault :class:`~firmware_model.rings.Status` and a message in the fault log, its
+dependents complete ``CANCELLED``, and the host's :meth:`Firmware.wait` raises
+:class:`~npu_sim.errors.DeviceFault` once the whole submission has settled. See
+``docs/firmware.md`` for the full semantics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import simpy
+
+from npu_sim.errors import ConfigError, DeviceFault, InvalidCommand, NpuSimError
+from npu_sim.trace import record_ids, tag
+
+from .commands import (
+    COMMAND_BYTES,
+    Barrier,
+    Command,
+    Dma,
+    Kernel,
+    Signal,
+    Wait,
+    decode,
+    describe,
+    pack,
+)
+from .rings import Completion, CompletionRing, Status, SubmissionRing
+
+if TYPE_CHECKING:
+    from npu_sim.device import Device
+
+    from .loader import LoadedProgram
+    from .program import Program
+
+_SEQ_MASK = 0xFFFFFFFF
+
+
+class Submission:
+    """One doorbell's worth of commands, as the host tracks it until every one has completed."""
+
+    def __init__(self, queue: int, first: int, count: int, program: LoadedProgram | None):
+        self.queue = queue
+        self.first = first
+        self.count = count
+        self.program = program
+        self.completions: list[Completion | None] = [None] * count
+        self._missing = count
+
+    @property
+    def done(self) -> bool:
+        """Whether the host has seen the completion of every command."""
+        return self._missing == 0
+
+    @property
+    def faults(self) -> list[Completion]:
+        """Completions with a status other than OK (CANCELLED ones included), in ring order."""
+        return [c for c in self.completions if c is not None and not c.ok]
+
+    def _complete(self, index: int, completion: Completion) -> None:
+        self.completions[index] = completion
+        self._missing -= 1
+
+
+@dataclass(eq=False)
+class _Cmd:
+    """The firmware's tracking entry for one fetched command."""
+
+    queue: int
+    seq: int
+    cmd_id: int
+    command: Command | None
+    done: simpy.Event
+    functional: bool
+    program: LoadedProgram | None
+    status: Status = Status.OK
+    message: str = ""
+    start: int = 0
+    wait_event: simpy.Event | None = None
+    device_event: Any = None
+    deps: list[_Cmd] = field(default_factory=list)
+
+
+class _Fault(Exception):
+    """Internal: ends a command's dispatch with a fault status (never leaves the firmware)."""
+
+    def __init__(self, status: Status, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class _Context:
+    """What dependency resolution needs to know about the submission being fetched."""
+
+    by_id: dict[int, _Cmd] = field(default_factory=dict)
+    since_barrier: list[_Cmd] = field(default_factory=list)
+    barrier: _Cmd | None = None
+
+
+class _Queue:
+    def __init__(self, index: int, entries: int, env: simpy.Environment) -> None:
+        self.index = index
+        self.scope = f"npu.fw.q{index}"
+        self.engine = f"fw.q{index}"
+        self.ring = SubmissionRing(entries, self.scope)
+        self.cq = CompletionRing(entries, index)
+        self.doorbell = simpy.Store(env)
+
+
+class Firmware:
+    """The device firmware: per-queue rings and command processors in front of a Device.
+
+    ``queues`` independent queues (each with a submission and a completion ring of
+    ``ring_entries`` slots) share the device's engines and ``semaphores`` 64-bit counters.
+    """
+
+    scope = "npu.fw"
+
+    def __init__(self, device: Device, *, queues: int = 1, ring_entries: int = 256,
+                 semaphores: int = 64) -> None:
+        for name, value, hi in (("queues", queues, 64), ("semaphores", semaphores, 1 << 16)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
+                raise ConfigError(name, value, f"an integer in [1, {hi}]")
+        self.device = device
+        self.env: simpy.Environment = device.env
+        self._queues = [_Queue(i, ring_entries, self.env) for i in range(queues)]
+        self._sems = [0] * semaphores
+        self._sem_waiters: list[_Cmd] = []
+        self._pending: dict[tuple[int, int], tuple[Submission, int]] = {}
+        self._fault_log: dict[tuple[int, int], str] = {}
+        self._counters = {"fw.commands": 0, "fw.faults": 0, "fw.cancelled": 0,
+                          "fw.doorbells": 0, "fw.submissions": 0}
+        for q in self._queues:
+            self.env.process(self._processor(q))
+
+    # -- host API -----------------------------------------------------------------------------
+
+    @property
+    def queues(self) -> int:
+        return len(self._queues)
+
+    @property
+    def ring_entries(self) -> int:
+        return self._queues[0].ring.entries
+
+    @property
+    def semaphores(self) -> tuple[int, ...]:
+        """Current semaphore values."""
+        return tuple(self._sems)
+
+    def reset_semaphores(self, indices: Sequence[int] | None = None) -> None:
+        """Set semaphores (all, or ``indices``) back to 0; call only while no WAIT uses them."""
+        for i in range(len(self._sems)) if indices is None else indices:
+            self._check_semaphore(i)
+            self._sems[i] = 0
+
+    def free_slots(self, queue: int = 0) -> int:
+        """Submission-ring slots of ``queue`` the host may write now."""
+        return self._queue(queue).ring.free
+
+    def submit(self, commands: bytes | Sequence[Command], *, queue: int = 0,
+               program: LoadedProgram | None = None, functional: bool = True) -> Submission:
+        """Write descriptors into ``queue``'s ring and ring its doorbell.
+
+        ``program`` is the loaded program KERNEL commands refer to; ``functional=False`` runs
+        kernels for timing only. Raises :class:`~firmware_model.rings.RingOverflow` (nothing
+        written) if the submission does not fit the free slots.
+        """
+        q = self._queue(queue)
+        data = bytes(commands) if isinstance(commands, (bytes, bytearray, memoryview)) \
+            else pack(commands)
+        first = q.ring.write(data)
+        sub = Submission(queue, first, len(data) // COMMAND_BYTES, program)
+        for i in range(sub.count):
+            self._pending[(queue, (first + i) & _SEQ_MASK)] = (sub, i)
+        q.doorbell.put((q.ring.tail, program, functional))
+        self._counters["fw.doorbells"] += 1
+        self._counters["fw.submissions"] += 1
+        return sub
+
+    def poll(self) -> list[Completion]:
+        """Drain every completion ring; returns the new completions (fault messages attached)."""
+        out = []
+        for q in self._queues:
+            entries = q.cq.drain()
+            for cmd_id, status, queue, seq, start, end in entries:
+                key = (queue, seq)
+                message = self._fault_log.pop(key, "")
+                comp = Completion(queue, seq, cmd_id, status, start, end, message)
+                sub, index = self._pending.pop(key)
+                sub._complete(index, comp)
+                out.append(comp)
+            q.ring.release(len(entries))
+        return out
+
+    def wait(self, submission: Submission) -> list[Completion]:
+        """Run the device until every command of ``submission`` completed; its completions.
+
+        If any completed with a fault, raises :class:`~npu_sim.errors.DeviceFault` for the first
+        fault in ring order (the root cause; its dependents are CANCELLED), after the whole
+        submission has settled, so the device stays usable.
+        """
+        env = self.env
+        while True:
+            self.poll()
+            if submission.done:
+                break
+            if env.peek() == float("inf"):
+                self._watchdog(submission)
+            else:
+                env.step()
+        faults = submission.faults
+        if faults:
+            root = next((c for c in faults if c.status is not Status.CANCELLED), faults[0])
+            raise DeviceFault(f"npu.fw.q{root.queue}", root.cmd_id, root.status.name,
+                              f"{root.message} ({len(faults)} of {submission.count} commands "
+                              f"did not complete OK)")
+        return list(submission.completions)  # type: ignore[arg-type]
+
+    def run(self, commands: bytes | Sequence[Command], **kwargs: Any) -> list[Completion]:
+        """``wait(submit(commands, **kwargs))``."""
+        return self.wait(self.submit(commands, **kwargs))
+
+    def load(self, program: Program, *, functional: bool = True) -> LoadedProgram:
+        """Validate ``program``, allocate its regions, upload weights; see :mod:`.loader`."""
+        from .loader import load_program
+
+        return load_program(self, program, functional=functional)
+
+    def stats(self) -> dict[str, int]:
+        """Counters: ``fw.commands`` completed, ``fw.faults`` (root faults), ``fw.cancelled``,
+        ``fw.doorbells``, ``fw.submissions``."""
+        return dict(self._counters)
+
+    # -- command processor --------------------------------------------------------------------
+
+    def _queue(self, queue: int) -> _Queue:
+        if isinstance(queue, bool) or not isinstance(queue, int) or \
+                not 0 <= queue < len(self._queues):
+            raise InvalidCommand(self.scope, f"queue={queue!r}; expected an integer in "
+                                             f"[0, {len(self._queues)})")
+        return self._queues[queue]
+
+    def _processor(self, q: _Queue):
+        while True:
+            tail, program, functional = yield q.doorbell.get()
+            ctx = _Context()
+            while q.ring.fetched < tail:
+                seq, raw = q.ring.fetch()
+                self._start(q, ctx, seq, raw, program, functional)
+
+    def _start(self, q: _Queue, ctx: _Context, seq: int, raw: bytes,
+               program: LoadedProgram | None, functional: bool) -> None:
+        """Decode one descriptor, resolve its deps and start its process."""
+        cmd_id = int.from_bytes(raw[4:8], "little")
+        rec = _Cmd(q.index, seq & _SEQ_MASK, cmd_id, None, self.env.event(), functional,
+                   program)
+        fault: _Fault | None = None
+        try:
+            rec.command = decode(raw)
+        except InvalidCommand as exc:
+            fault = _Fault(Status.INVALID_OPCODE, exc.message)
+        if fault is None and cmd_id in ctx.by_id:
+            fault = _Fault(Status.DUPLICATE_ID, f"cmd_id {cmd_id} was already used by an earlier "
+                                                "command of this submission")
+        if fault is None:
+            for dep in rec.command.deps:
+                if dep not in ctx.by_id:
+                    earlier = sorted(ctx.by_id)
+                    shown = ", ".join(map(str, earlier[:16])) + (" ..." if len(earlier) > 16
+                                                                 else "")
+                    fault = _Fault(Status.MISSING_DEPENDENCY,
+                                   f"depends on command {dep}, which was not submitted earlier "
+                                   f"in this submission (earlier ids: {shown or 'none'})")
+                    break
+                rec.deps.append(ctx.by_id[dep])
+        if fault is None and isinstance(rec.command, Barrier):
+            rec.deps.extend(ctx.since_barrier)
+        if ctx.barrier is not None:
+            rec.deps.append(ctx.barrier)
+        ctx.by_id[cmd_id] = rec  # a faulted id still resolves: its dependents are CANCELLED
+        if isinstance(rec.command, Barrier):
+            ctx.barrier = rec
+            ctx.since_barrier = []
+        else:
+            ctx.since_barrier.append(rec)
+        self.env.process(self._execute(q, rec, fault))
+
+    def _execute(self, q: _Queue, rec: _Cmd, fault: _Fault | None):
+        env = self.env
+        if fault is None and rec.deps:
+            yield simpy.AllOf(env, [d.done for d in rec.deps])
+            failed = next((d for d in rec.deps if d.status is not Status.OK), None)
+            if failed is not None:
+                fault = _Fault(Status.CANCELLED, f"not run: dependency {failed.cmd_id} completed "
+                                                 f"with {failed.status.name}")
+        rec.start = env.now
+        if fault is None:
+            try:
+                yield from self._dispatch(rec)
+            except _Fault as exc:
+                fault = exc
+        if fault is not None:
+            rec.status, rec.message = fault.status, fault.message
+        self._finish(q, rec)
+
+    def _dispatch(self, rec: _Cmd):
+        cmd = rec.command
+        dep_events = [d.done for d in rec.deps]
+        name = f"q{rec.queue}.cmd{rec.cmd_id}"
+        if isinstance(cmd, Dma):
+            try:
+                ev = self.device.dma.transfer(cmd.src, cmd.dst, cmd.nbytes, name=name,
+                                              deps=dep_events)
+                yield ev
+            except NpuSimError as exc:
+                raise _Fault(Status.DMA_FAULT, str(exc)) from None
+            rec.device_event = ev
+        elif isinstance(cmd, Kernel):
+            op, inputs, outputs, attrs, cores, node = self._resolve_launch(rec, cmd)
+            try:
+                proc = self.device.compute.execute(op, inputs, outputs, attrs, cores=cores,
+                                                   node=node, functional=rec.functional,
+                                                   deps=dep_events)
+                yield proc
+            except Exception as exc:  # the kernel is user code: any failure is its fault
+                text = str(exc) if isinstance(exc, NpuSimError) else f"{exc!r}"
+                raise _Fault(Status.KERNEL_FAULT, text) from None
+            rec.device_event = proc
+        elif isinstance(cmd, Signal):
+            self._check_sem_fault(cmd.semaphore)
+            self._sems[cmd.semaphore] += cmd.value
+            self._wake(cmd.semaphore)
+        elif isinstance(cmd, Wait):
+            self._check_sem_fault(cmd.semaphore)
+            if self._sems[cmd.semaphore] < cmd.value:
+                rec.wait_event = self.env.event()
+                self._sem_waiters.append(rec)
+                satisfied = yield rec.wait_event
+                rec.wait_event = None
+                if not satisfied:
+                    raise _Fault(Status.WAIT_TIMEOUT,
+                                 f"watchdog: the device went idle while waiting for semaphore "
+                                 f"{cmd.semaphore} >= {cmd.value} (it holds "
+                                 f"{self._sems[cmd.semaphore]})")
+
+    def _resolve_launch(self, rec: _Cmd, cmd: Kernel):
+        prog = rec.program
+        if prog is None:
+            raise _Fault(Status.INVALID_LAUNCH, f"KERNEL launch {cmd.launch} submitted without "
+                                                "a loaded program")
+        launches = prog.program.launches
+        if cmd.launch >= len(launches):
+            raise _Fault(Status.INVALID_LAUNCH, f"launch index {cmd.launch} out of range; program "
+                                                f"{prog.program.name!r} has {len(launches)}")
+        ncores = self.device.config.cores
+        mask = cmd.core_mask or (1 << ncores) - 1
+        if mask >> ncores:
+            raise _Fault(Status.INVALID_LAUNCH, f"core_mask {cmd.core_mask:#x} names cores beyond "
+                                                f"the device's {ncores} (valid bits 0..{ncores-1})")
+        cores = [i for i in range(ncores) if mask >> i & 1]
+        launch = launches[cmd.launch]
+        inputs = [None if t < 0 else prog.operand(t) for t in launch.inputs]
+        outputs = [prog.operand(t) for t in launch.outputs]
+        return launch.op, inputs, outputs, launch.attrs, cores, launch.node
+
+    def _check_semaphore(self, index: int) -> None:
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or \
+                not 0 <= index < len(self._sems):
+            raise InvalidCommand(self.scope, f"semaphore {index!r} out of range; valid "
+                                             f"0..{len(self._sems) - 1}")
+
+    def _check_sem_fault(self, index: int) -> None:
+        try:
+            self._check_semaphore(index)
+        except InvalidCommand as exc:
+            raise _Fault(Status.INVALID_SEMAPHORE, exc.message) from None
+
+    def _wake(self, semaphore: int) -> None:
+        value = self._sems[semaphore]
+        still = []
+        for rec in self._sem_waiters:
+            cmd = rec.command
+            if cmd.semaphore == semaphore and value >= cmd.value:
+                rec.wait_event.succeed(True)
+            else:
+                still.append(rec)
+        self._sem_waiters = still
+
+    def _watchdog(self, submission: Submission) -> None:
+        """The device is idle but ``submission`` is unfinished: time out its blocked WAITs."""
+        blocked = [r for r in self._sem_waiters if r.queue == submission.queue and
+                   (r.seq - submission.first) & _SEQ_MASK < submission.count]
+        if not blocked:
+            raise AssertionError(f"{self.scope}: device idle with submission {submission.first} "
+                                 "unfinished and no WAIT blocking it")
+        for rec in blocked:
+            self._sem_waiters.remove(rec)
+            rec.wait_event.succeed(False)
+
+    def _finish(self, q: _Queue, rec: _Cmd) -> None:
+        """Post the completion and trace record, then release the dependents."""
+        now = self.env.now
+        trace = self.device.trace
+        dep_ids = [*record_ids(d.done for d in rec.deps)]
+        if rec.device_event is not None:
+            dep_ids.extend(record_ids([rec.device_event]))
+        work: dict[str, Any] = {"queue": q.index, "cmd_id": rec.cmd_id, "status": rec.status.name,
+                                "command": describe(rec.command) if rec.command else "invalid"}
+        if isinstance(rec.command, Dma):
+            work["bytes"] = rec.command.nbytes
+        kind = type(rec.command).__name__.upper() if rec.command else "INVALID"
+        rid = trace.record("command", q.engine, q.scope, f"{kind} #{rec.cmd_id}", rec.start, now,
+                           dep_ids, work)
+        tag(rec.done, rid)
+        self._counters["fw.commands"] += 1
+        if rec.status is Status.CANCELLED:
+            self._counters["fw.cancelled"] += 1
+        elif rec.status is not Status.OK:
+            self._counters["fw.faults"] += 1
+        if rec.message:
+            self._fault_log[(q.index, rec.seq)] = rec.message
+        q.cq.post(rec.cmd_id, rec.status, rec.seq, rec.start, now)
+        rec.done.succeed(rec.status)
