@@ -1,1 +1,226 @@
-"""Kernels: pool (being written)."""
+"""Kernels: MaxPool, AveragePool, the global pools and LRN.
+
+Pools run on the vector unit: each output element reduces one window of its channel, so the
+kernels are direct numba loops, parallel over (batch, channel) planes. Windows come from
+:func:`npu_sim.kernels.conv.window` (``pads``, ``auto_pad``, ``strides``, ``dilations``,
+``ceil_mode``), on 1-, 2- and 3-D spatial inputs viewed as 3-D. Float16 and bfloat16 inputs are
+reduced in float32 and rounded once; MaxPool also takes int8 and uint8, whose values float32
+holds exactly.
+
+MaxPool's optional second output holds, for every output element, the flat index of the input
+element it took: ``(n * C + c) * D*H*W + spatial offset``, the offset in row-major order
+(``storage_order=0``) or column-major order (``storage_order=1``), ignoring padding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numba import njit, prange
+
+from ..errors import KernelError
+from .conv import MAX_SPATIAL, Window, as5d, spatial_rank, window
+from .gemm import FLOAT_DTYPES, to_compute
+from .registry import kernel
+
+_MAXPOOL_DTYPES = FLOAT_DTYPES + (np.dtype(np.int8), np.dtype(np.uint8))
+
+
+@njit(parallel=True, cache=True)
+def _max_pool(x, k, st, di, pb, col_major, out, idx):  # pragma: no cover - compiled
+    """x (P, D, H, W) float32 -> out, idx (P, OD, OH, OW); padding never wins."""
+    P, D, H, W = x.shape
+    OD, OH, OW = out.shape[1], out.shape[2], out.shape[3]
+    lowest = np.float32(-3.4028234663852886e38)
+    for t in prange(P):
+        for a in range(OD):
+            for b in range(OH):
+                for e in range(OW):
+                    best = lowest
+                    where = -1
+                    for i in range(k[0]):
+                        z = a * st[0] - pb[0] + i * di[0]
+                        if z < 0 or z >= D:
+                            continue
+                        for j in range(k[1]):
+                            y = b * st[1] - pb[1] + j * di[1]
+                            if y < 0 or y >= H:
+                                continue
+                            for lw in range(k[2]):
+                                xx = e * st[2] - pb[2] + lw * di[2]
+                                if 0 <= xx < W and x[t, z, y, xx] > best:
+                                    best = x[t, z, y, xx]
+                                    if col_major:
+                                        where = z + (y + xx * H) * D
+                                    else:
+                                        where = (z * H + y) * W + xx
+                    out[t, a, b, e] = best
+                    idx[t, a, b, e] = t * D * H * W + where
+
+
+@njit(parallel=True, cache=True)
+def _avg_pool(x, k, st, di, pb, limit, include_pad, out):  # pragma: no cover - compiled
+    """x (P, D, H, W) float32 -> out (P, OD, OH, OW).
+
+    The divisor counts in-bounds taps, or with ``include_pad`` every tap that falls before
+    ``limit`` (the input extent plus the end padding, so ceil-mode overhang is not counted).
+    """
+    P, D, H, W = x.shape
+    OD, OH, OW = out.shape[1], out.shape[2], out.shape[3]
+    for t in prange(P):
+        for a in range(OD):
+            for b in range(OH):
+                for e in range(OW):
+                    acc = np.float32(0.0)
+                    count = 0
+                    padded = 0
+                    for i in range(k[0]):
+                        z = a * st[0] - pb[0] + i * di[0]
+                        for j in range(k[1]):
+                            y = b * st[1] - pb[1] + j * di[1]
+                            for lw in range(k[2]):
+                                xx = e * st[2] - pb[2] + lw * di[2]
+                                if z < limit[0] and y < limit[1] and xx < limit[2]:
+                                    padded += 1
+                                if 0 <= z < D and 0 <= y < H and 0 <= xx < W:
+                                    acc += x[t, z, y, xx]
+                                    count += 1
+                    divisor = padded if include_pad else count
+                    out[t, a, b, e] = acc / divisor if divisor > 0 else np.float32(0.0)
+
+
+def _pool_window(op: str, x: np.ndarray, attrs: Mapping[str, Any]) -> Window:
+    """Validate a pool's input and attributes and resolve its window."""
+    rank = spatial_rank(op, x.shape)
+    if "kernel_shape" not in attrs:
+        raise KernelError(op, "", "the kernel_shape attribute is required")
+    kernel_shape = tuple(int(v) for v in attrs["kernel_shape"])
+    if len(kernel_shape) != rank:
+        raise KernelError(
+            op,
+            "",
+            f"kernel_shape={list(kernel_shape)} must have one entry per spatial dim of the "
+            f"input shape {x.shape}",
+        )
+    win = window(op, x.shape[2:], kernel_shape, attrs, ceil_mode=bool(attrs.get("ceil_mode", 0)))
+    for pads in (win.pads_begin, win.pads_end):
+        if any(p >= k for p, k in zip(pads, kernel_shape, strict=True)):
+            raise KernelError(
+                op,
+                "",
+                f"pads {list(win.pads_begin + win.pads_end)} must be smaller than "
+                f"kernel_shape {list(kernel_shape)}",
+            )
+    return win
+
+
+def _planes(x32: np.ndarray) -> np.ndarray:
+    """``(N, C, *spatial)`` as contiguous ``(N*C, D, H, W)`` planes."""
+    x5 = as5d(x32)
+    return np.ascontiguousarray(x5.reshape((-1,) + x5.shape[2:]))
+
+
+def _out3(win: Window) -> tuple[int, ...]:
+    return (1,) * (MAX_SPATIAL - len(win.out)) + win.out
+
+
+@kernel("MaxPool")
+def max_pool(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[np.ndarray]:
+    """ONNX MaxPool; returns ``[Y, Indices]`` (Indices int64, see the module docstring)."""
+    x = _one_input("MaxPool", inputs)
+    if x.dtype not in _MAXPOOL_DTYPES:
+        raise KernelError(
+            "MaxPool",
+            "",
+            f"X has dtype {x.dtype}; expected float32, float16, bfloat16, int8 or uint8",
+        )
+    storage_order = int(attrs.get("storage_order", 0))
+    if storage_order not in (0, 1):
+        raise KernelError("MaxPool", "", f"storage_order={storage_order}; expected 0 or 1")
+    win = _pool_window("MaxPool", x, attrs)
+    k3, st3, di3, pb3 = win.as3()
+    planes = _planes(x.astype(np.float32, copy=False))
+    out = np.empty((planes.shape[0],) + _out3(win), np.float32)
+    idx = np.empty(out.shape, np.int64)
+    _max_pool(planes, k3, st3, di3, pb3, storage_order == 1, out, idx)
+    shape = x.shape[:2] + win.out
+    return [out.reshape(shape).astype(x.dtype), idx.reshape(shape)]
+
+
+@kernel("AveragePool")
+def average_pool(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[np.ndarray]:
+    """ONNX AveragePool (``count_include_pad``, ``ceil_mode``, ``dilations``, ``auto_pad``)."""
+    x = _one_input("AveragePool", inputs)
+    x32 = to_compute("AveragePool", "X", x)
+    win = _pool_window("AveragePool", x, attrs)
+    k3, st3, di3, pb3 = win.as3()
+    lead = MAX_SPATIAL - len(win.out)
+    in3 = as5d(x).shape[2:]
+    pe3 = (0,) * lead + win.pads_end
+    limit = np.array([i + p for i, p in zip(in3, pe3, strict=True)], np.int64)
+    planes = _planes(x32)
+    out = np.empty((planes.shape[0],) + _out3(win), np.float32)
+    include = bool(int(attrs.get("count_include_pad", 0)))
+    _avg_pool(planes, k3, st3, di3, pb3, limit, include, out)
+    return [out.reshape(x.shape[:2] + win.out).astype(x.dtype)]
+
+
+def _global(op: str, inputs: Sequence[np.ndarray | None]) -> tuple[np.ndarray, tuple[int, ...]]:
+    x = _one_input(op, inputs)
+    if x.ndim < 3:
+        raise KernelError(op, "", f"input of shape {x.shape} needs rank >= 3 (N, C, *spatial)")
+    return x, tuple(range(2, x.ndim))
+
+
+@kernel("GlobalAveragePool")
+def global_average_pool(
+    inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]
+) -> list[np.ndarray]:
+    """ONNX GlobalAveragePool: the mean over all spatial dims, kept as size-1 dims."""
+    x, axes = _global("GlobalAveragePool", inputs)
+    y = to_compute("GlobalAveragePool", "X", x).mean(axis=axes, keepdims=True, dtype=np.float32)
+    return [y.astype(x.dtype)]
+
+
+@kernel("GlobalMaxPool")
+def global_max_pool(
+    inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]
+) -> list[np.ndarray]:
+    """ONNX GlobalMaxPool: the maximum over all spatial dims, kept as size-1 dims."""
+    x, axes = _global("GlobalMaxPool", inputs)
+    y = to_compute("GlobalMaxPool", "X", x).max(axis=axes, keepdims=True)
+    return [y.astype(x.dtype)]
+
+
+@kernel("LRN")
+def lrn(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[np.ndarray]:
+    """ONNX LRN: ``x / (bias + alpha / size * sum of x^2 over nearby channels) ** beta``."""
+    x = _one_input("LRN", inputs)
+    if x.ndim < 3:
+        raise KernelError("LRN", "", f"input of shape {x.shape} needs rank >= 3 (N, C, ...)")
+    if "size" not in attrs or int(attrs["size"]) < 1:
+        raise KernelError("LRN", "", f"size={attrs.get('size')!r}; expected an integer >= 1")
+    size = int(attrs["size"])
+    alpha = np.float32(attrs.get("alpha", 1e-4))
+    beta = np.float32(attrs.get("beta", 0.75))
+    bias = np.float32(attrs.get("bias", 1.0))
+    x32 = to_compute("LRN", "X", x)
+    sq = x32 * x32
+    channels = x.shape[1]
+    total = np.zeros_like(sq)
+    # Window [c - floor((size-1)/2), c + ceil((size-1)/2)], clipped to the channel range.
+    for off in range(-((size - 1) // 2), math.ceil((size - 1) / 2) + 1):
+        lo, hi = max(0, -off), min(channels, channels - off)
+        if lo < hi:
+            total[:, lo:hi] += sq[:, lo + off : hi + off]
+    y = x32 / (bias + (alpha / np.float32(size)) * total) ** beta
+    return [y.astype(x.dtype)]
+
+
+def _one_input(op: str, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    if len(inputs) < 1 or inputs[0] is None:
+        raise KernelError(op, "", "needs input X")
+    return inputs[0]
