@@ -1,0 +1,283 @@
+"""Array ops: convolutions and matrix products, priced as GEMMs on the systolic array.
+
+Each op becomes ``items`` identical GEMMs of ``rows x cols`` outputs over ``red`` reduction
+steps: the groups of a convolution, or the batch of a MatMul whose right operand is batched
+(when it is not, the batch folds into the rows). Two multi-core schedules are priced and the
+faster is kept: *row split* (every GEMM's output rows are split over the cores, which all share
+the broadcast weights) and *item split* (each core takes whole GEMMs). A grouped convolution
+may also run on the vector units (one MAC per lane per cycle) when that beats thin GEMMs.
+Vector work fused onto the array's output (a fused ``activation``, ConvTranspose's col2im
+accumulation) runs on the vector unit in parallel with the array: compute is the larger.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import DeviceConfig
+from ..dtypes import TensorSpec, itemsize
+from ..errors import KernelError
+from .model import Cost, make_cost, present, spec
+from .systolic import conv_output_size, gemm_cycles, mac_rate, tiled_traffic
+from .vector_ops import ELEMENTWISE
+
+
+@dataclass(frozen=True)
+class GemmWork:
+    """Config-independent description of an array op (bytes are per item unless noted)."""
+
+    op: str
+    items: int
+    rows: int
+    cols: int
+    red: int
+    dtype: str
+    a_bytes: int
+    b_bytes: int
+    fixed_bytes: int  # total over items: outputs, bias, quantisation parameters
+    a_item: int  # element sizes of A, B and the output, for the first/last tile
+    b_item: int
+    out_item: int
+    post_work: float  # vector lane-cycles overlapped with the array, total over items
+    names: tuple[str, str]
+    grouped: bool = False
+
+    @property
+    def macs(self) -> int:
+        return self.items * self.rows * self.cols * self.red
+
+
+def _tiles(config: DeviceConfig, w: GemmWork, rows: int) -> tuple[int, int]:
+    """Bytes of the first fold's operands (capped at one SRAM buffer) and its outputs."""
+    if w.macs == 0:
+        return 0, 0
+    r, c = min(rows, config.array_rows), min(w.cols, config.array_cols)
+    first = min(r * w.red * w.a_item + w.red * c * w.b_item, config.sram_bytes_per_core // 2)
+    return first, r * c * w.out_item
+
+
+def _post(config: DeviceConfig, w: GemmWork, share: float) -> int:
+    return math.ceil(w.post_work * share / config.vector_lanes - 1e-9) if w.post_work else 0
+
+
+def _array(config: DeviceConfig, w: GemmWork, cores: int, split_rows: bool) -> Cost:
+    if split_rows:
+        used = max(1, min(cores, w.rows))
+        rows, per_core_items, share_cores = -(-w.rows // used), w.items, used
+    else:
+        used = max(1, min(cores, w.items))
+        rows, per_core_items, share_cores = w.rows, -(-w.items // used), 1
+    traffic = tiled_traffic(config, w.a_bytes, w.b_bytes, 0, share_cores, w.names)
+    array = per_core_items * gemm_cycles(config, rows, w.cols, w.red, w.dtype)
+    share = (rows * per_core_items) / (w.rows * w.items) if w.macs else 0.0
+    first, last = _tiles(config, w, rows)
+    return make_cost(
+        config, compute=max(array, _post(config, w, share)),
+        hbm_bytes=w.items * traffic.hbm_bytes + w.fixed_bytes, first_tile=first, last_tile=last,
+        engine="array", cores=used, macs=w.macs, refetch=traffic.refetch, notes=traffic.note,
+    )
+
+
+def _vector(config: DeviceConfig, w: GemmWork, cores: int) -> Cost:
+    """A grouped convolution on the vector units: one MAC per lane per cycle, no refetch."""
+    outputs = w.items * w.rows * w.cols
+    used = max(1, min(cores, outputs))
+    share = -(-outputs // used) / outputs
+    compute = math.ceil(w.macs * share / config.vector_lanes - 1e-9) + _post(config, w, share)
+    first, last = _tiles(config, w, -(-w.rows // used))
+    return make_cost(
+        config, compute=compute, hbm_bytes=w.items * (w.a_bytes + w.b_bytes) + w.fixed_bytes,
+        first_tile=first, last_tile=last, engine="vector", cores=used, macs=w.macs,
+        notes=f"{w.items} groups of {w.cols} channel(s) run on the vector units",
+    )
+
+
+def price(config: DeviceConfig, w: GemmWork, cores: int) -> Cost:
+    """The fastest schedule of ``w`` on ``cores`` cores (ties go to the row split)."""
+    mac_rate(config, w.dtype, w.op)
+    best = _array(config, w, cores, split_rows=True)
+    candidates = [_array(config, w, cores, split_rows=False)] if w.items > 1 else []
+    if w.grouped:
+        candidates.append(_vector(config, w, cores))
+    for cand in candidates:
+        if cand.total_cycles < best.total_cycles:
+            best = cand
+    return best
+
+
+# -- attribute handling -----------------------------------------------------------------------
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _post_factor(op: str, attrs: Mapping[str, Any]) -> float:
+    act = attrs.get("activation")
+    if act is None or _text(act) in ("", "NONE"):
+        return 0.0
+    act = _text(act)
+    if act not in ELEMENTWISE:
+        raise KernelError(op, "", f"fused activation={act!r} has no cost model; expected one of "
+                                  f"{sorted(ELEMENTWISE)}")
+    return ELEMENTWISE[act]
+
+
+def _ints(op: str, attrs: Mapping[str, Any], name: str, default: list[int], n: int) -> list[int]:
+    value = attrs.get(name)
+    if value is None or (not isinstance(value, int) and len(value) == 0):
+        return default
+    values = [int(v) for v in (value if not isinstance(value, int) else [value])]
+    if len(values) != n:
+        raise KernelError(op, "", f"{name}={values} has {len(values)} values; expected {n}")
+    return values
+
+
+def _conv_out(op: str, x: TensorSpec, kernel: list[int], attrs: Mapping[str, Any]) -> list[int]:
+    d = len(kernel)
+    strides = _ints(op, attrs, "strides", [1] * d, d)
+    dil = _ints(op, attrs, "dilations", [1] * d, d)
+    if min(strides + dil, default=1) < 1:
+        raise KernelError(op, "", f"strides={strides}, dilations={dil}; expected values >= 1")
+    auto = _text(attrs.get("auto_pad", "NOTSET"))
+    spatial = x.shape[2:]
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        return [-(-s // st) for s, st in zip(spatial, strides, strict=True)]
+    if auto not in ("NOTSET", "VALID"):
+        raise KernelError(op, "", f"auto_pad={auto!r} is invalid; expected NOTSET, VALID, "
+                                  "SAME_UPPER or SAME_LOWER")
+    pads = [0] * (2 * d) if auto == "VALID" else _ints(op, attrs, "pads", [0] * (2 * d), 2 * d)
+    out = [conv_output_size(s, k, st, pads[i] + pads[i + d], dl)
+           for i, (s, k, st, dl) in enumerate(zip(spatial, kernel, strides, dil, strict=True))]
+    if min(out, default=1) < 1 and min(spatial, default=1) > 0:
+        raise KernelError(op, "", f"kernel {kernel} does not fit input {list(spatial)} with "
+                                  f"pads {pads}, dilations {dil}")
+    return out
+
+
+def _conv(config, op, inputs, outputs, attrs, cores, x_i=0, w_i=1, extra=(2,)) -> Cost:
+    x, w = spec(op, inputs, x_i, "input X"), spec(op, inputs, w_i, "weights W")
+    out = spec(op, outputs, 0, "output")
+    if len(x.shape) < 3 or len(w.shape) != len(x.shape):
+        raise KernelError(op, "", f"X {list(x.shape)} and W {list(w.shape)} must be N,C,spatial"
+                                  " and M,C/group,kernel of the same rank (>= 3)")
+    groups = int(attrs.get("group", 1))
+    n, c, m = x.shape[0], x.shape[1], w.shape[0]
+    if groups < 1 or c % groups or m % groups or w.shape[1] * groups != c:
+        raise KernelError(op, "", f"group={groups} with C={c}, M={m}, W {list(w.shape)}; "
+                                  "expected group dividing C and M, W[1] = C/group")
+    kernel = list(w.shape[2:])
+    spatial = _conv_out(op, x, kernel, attrs)
+    if list(out.shape[2:]) != spatial or out.shape[:2] != (n, m):
+        raise KernelError(op, "", f"output {list(out.shape)} disagrees with the attributes, "
+                                  f"which give {[n, m, *spatial]}")
+    work = GemmWork(
+        op=op, items=groups, rows=n * math.prod(spatial), cols=m // groups,
+        red=(c // groups) * math.prod(kernel), dtype=x.dtype,
+        a_bytes=x.nbytes // groups, b_bytes=w.nbytes // groups,
+        fixed_bytes=out.nbytes + present(inputs, extra), a_item=itemsize(x.dtype),
+        b_item=itemsize(w.dtype), out_item=itemsize(out.dtype),
+        post_work=out.size * _post_factor(op, attrs), names=("inputs", "weights"),
+        grouped=groups > 1,
+    )
+    return price(config, work, cores)
+
+
+def _conv_transpose(config, op, inputs, outputs, attrs, cores) -> Cost:
+    x, w = spec(op, inputs, 0, "input X"), spec(op, inputs, 1, "weights W")
+    out = spec(op, outputs, 0, "output")
+    groups = int(attrs.get("group", 1))
+    if len(x.shape) < 3 or len(w.shape) != len(x.shape) or groups < 1 or \
+            w.shape[0] != x.shape[1] or x.shape[1] % groups:
+        raise KernelError(op, "", f"X {list(x.shape)}, W {list(w.shape)}, group={groups}; "
+                                  "expected W = C x M/group x kernel with group dividing C")
+    kernel = math.prod(w.shape[2:])
+    rows = x.shape[0] * math.prod(x.shape[2:])
+    cols = w.shape[1] * kernel
+    # Each input pixel times the weights gives a kernel-sized patch; col2im adds the patches
+    # into the output on the vector unit (one lane-cycle per partial sum).
+    col2im = rows * cols * groups
+    work = GemmWork(
+        op=op, items=groups, rows=rows, cols=cols, red=x.shape[1] // groups, dtype=x.dtype,
+        a_bytes=x.nbytes // groups, b_bytes=w.nbytes // groups,
+        fixed_bytes=out.nbytes + present(inputs, [2]), a_item=itemsize(x.dtype),
+        b_item=itemsize(w.dtype), out_item=itemsize(out.dtype),
+        post_work=col2im + out.size * _post_factor(op, attrs), names=("inputs", "weights"),
+    )
+    return price(config, work, cores)
+
+
+def _broadcast_batch(op: str, a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    a, b = (1,) * (len(b) - len(a)) + a, (1,) * (len(a) - len(b)) + b
+    for da, db in zip(a, b, strict=True):
+        if da != db and 1 not in (da, db):
+            raise KernelError(op, "", f"batch dimensions {list(a)} and {list(b)} do not broadcast")
+    return math.prod(da if db == 1 else db for da, db in zip(a, b, strict=True))
+
+
+def _matmul(config, op, inputs, outputs, attrs, cores, a_i=0, b_i=1, extra=()) -> Cost:
+    a, b = spec(op, inputs, a_i, "input A"), spec(op, inputs, b_i, "input B")
+    out = spec(op, outputs, 0, "output")
+    if not a.shape or not b.shape:
+        raise KernelError(op, "", "MatMul operands must have rank >= 1")
+    m, k = (a.shape[-2] if len(a.shape) > 1 else 1), a.shape[-1]
+    kb, n = (b.shape[-2], b.shape[-1]) if len(b.shape) > 1 else (b.shape[0], 1)
+    if k != kb:
+        raise KernelError(op, "", f"A {list(a.shape)} and B {list(b.shape)}: K={k} != {kb}")
+    batch = _broadcast_batch(op, a.shape[:-2], b.shape[:-2])
+    b_batched = math.prod(b.shape[:-2]) > 1
+    items, rows = (batch, m) if b_batched else (1, batch * m)
+    ea, eb = itemsize(a.dtype), itemsize(b.dtype)
+    work = GemmWork(
+        op=op, items=items, rows=rows, cols=n, red=k, dtype=a.dtype,
+        a_bytes=rows * k * ea, b_bytes=k * n * eb,
+        fixed_bytes=out.nbytes + present(inputs, extra), a_item=ea, b_item=eb,
+        out_item=itemsize(out.dtype), post_work=out.size * _post_factor(op, attrs),
+        names=("A", "B"),
+    )
+    return price(config, work, cores)
+
+
+def _gemm(config, op, inputs, outputs, attrs, cores) -> Cost:
+    a, b = spec(op, inputs, 0, "input A"), spec(op, inputs, 1, "input B")
+    out = spec(op, outputs, 0, "output")
+    if len(a.shape) != 2 or len(b.shape) != 2:
+        raise KernelError(op, "", f"A {list(a.shape)} and B {list(b.shape)} must be 2-D")
+    m, k = a.shape[::-1] if int(attrs.get("transA", 0)) else a.shape
+    kb, n = b.shape[::-1] if int(attrs.get("transB", 0)) else b.shape
+    if k != kb:
+        raise KernelError(op, "", f"A {list(a.shape)} and B {list(b.shape)} (transA/transB "
+                                  f"applied): K={k} != {kb}")
+    work = GemmWork(
+        op=op, items=1, rows=m, cols=n, red=k, dtype=a.dtype, a_bytes=a.nbytes, b_bytes=b.nbytes,
+        fixed_bytes=out.nbytes + present(inputs, [2]), a_item=itemsize(a.dtype),
+        b_item=itemsize(b.dtype), out_item=itemsize(out.dtype),
+        post_work=out.size * _post_factor(op, attrs), names=("inputs", "weights"),
+    )
+    return price(config, work, cores)
+
+
+def _qlinear_conv(config, op, inputs, outputs, attrs, cores) -> Cost:
+    return _conv(config, op, inputs, outputs, attrs, cores, 0, 3, (1, 2, 4, 5, 6, 7, 8))
+
+
+def _conv_integer(config, op, inputs, outputs, attrs, cores) -> Cost:
+    return _conv(config, op, inputs, outputs, attrs, cores, 0, 1, (2, 3))
+
+
+def _qlinear_matmul(config, op, inputs, outputs, attrs, cores) -> Cost:
+    return _matmul(config, op, inputs, outputs, attrs, cores, 0, 3, (1, 2, 4, 5, 6, 7))
+
+
+def _matmul_integer(config, op, inputs, outputs, attrs, cores) -> Cost:
+    return _matmul(config, op, inputs, outputs, attrs, cores, 0, 1, (2, 3))
+
+
+ARRAY_OPS = {
+    "Conv": _conv, "ConvTranspose": _conv_transpose, "MatMul": _matmul, "Gemm": _gemm,
+    "QLinearConv": _qlinear_conv, "QLinearMatMul": _qlinear_matmul,
+    "MatMulInteger": _matmul_integer, "ConvInteger": _conv_integer,
+}
