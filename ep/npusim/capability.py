@@ -1,0 +1,270 @@
+"""What the NPU can run: an explicit support table, checked node by node.
+
+Each supported op has one :class:`OpSupport` row in :data:`SUPPORT_TABLE`: the opset range of
+the model it accepts, the dtypes of its data tensors, the inputs that must be constant (the
+compiler plans memory and tiles ahead of time, so shapes and axes cannot arrive at run time) and
+an optional ``check`` for attribute constraints (``Resize`` only does nearest and linear). Every
+input and output must have a static shape once dim overrides are applied.
+
+:func:`check_node` answers "can the NPU run node i?" with ``None`` or a reason a user can act on
+(``"Resize: mode=cubic not supported; supported: nearest, linear"``). :func:`get_npu_capability`
+applies it to every unassigned node and groups the supported ones into connected groups; the
+partitioner splits a group further if keeping it whole would create a cycle between partitions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from ep.framework.graph import GraphView
+from ep.framework.provider import ComputeCapability
+
+MAX_OPSET = 23
+"""Newest default-domain opset the NPU's op implementations are validated against."""
+
+FLOATS = ("float32", "float16", "bfloat16")
+INTS = ("int8", "uint8", "int32", "int64")
+ALL = FLOATS + INTS
+
+Check = Callable[[GraphView, int], "str | None"]
+
+
+@dataclass(frozen=True)
+class OpSupport:
+    """One op the NPU runs.
+
+    ``since_opset``..``until_opset`` bound the model's opset for ``domain``; ``dtypes`` are
+    allowed for the inputs listed in ``typed_inputs`` and for output 0; ``const_inputs``
+    (index, name) must be initializers or ``Constant`` outputs when present; ``check`` returns
+    a reason for any further constraint it rejects.
+    """
+
+    since_opset: int
+    until_opset: int = MAX_OPSET
+    dtypes: tuple[str, ...] = FLOATS
+    check: Check | None = None
+    typed_inputs: tuple[int, ...] = (0,)
+    const_inputs: tuple[tuple[int, str], ...] = ()
+    domain: str = ""
+
+
+def _spatial(graph: GraphView, i: int) -> str | None:
+    """Convolutions and pools: 1 to 3 spatial dimensions (input rank 3..5)."""
+    _, shape = graph.tensor_type(graph.nodes[i].input[0])
+    if shape is not None and not 3 <= len(shape) <= 5:
+        return f"input rank {len(shape)} not supported; expected 3 to 5 (N, C, 1-3 spatial dims)"
+    return None
+
+
+def _resize(graph: GraphView, i: int) -> str | None:
+    mode = graph.attrs(i).get("mode", "nearest")
+    if mode not in ("nearest", "linear"):
+        return f"mode={mode} not supported; supported: nearest, linear"
+    inputs = graph.nodes[i].input
+    named = [(1, "scales")] if graph.opset() < 11 else [(2, "scales"), (3, "sizes")]
+    return _require_constant(graph, inputs, named)
+
+
+def _batchnorm(graph: GraphView, i: int) -> str | None:
+    attrs = graph.attrs(i)
+    if attrs.get("training_mode", 0):
+        return "training_mode=1 not supported; only inference"
+    if attrs.get("spatial", 1) != 1:
+        return "spatial=0 not supported"
+    if len([o for o in graph.nodes[i].output if o]) > 1:
+        return "running mean/var outputs not supported; only inference"
+    return None
+
+
+def _maxpool(graph: GraphView, i: int) -> str | None:
+    outputs = graph.nodes[i].output
+    if len(outputs) > 1 and outputs[1]:
+        return "the Indices output is not supported"
+    return _spatial(graph, i)
+
+
+def _dropout(graph: GraphView, i: int) -> str | None:
+    inputs = graph.nodes[i].input
+    if len(inputs) > 2 and inputs[2]:
+        mode = graph.constant(inputs[2])
+        if mode is None or bool(mode):
+            return "training_mode must be a constant false"
+    return None
+
+
+def _layernorm(graph: GraphView, i: int) -> str | None:
+    if len([o for o in graph.nodes[i].output if o]) > 1:
+        return "Mean/InvStdDev outputs not supported"
+    return None
+
+
+def _same(op_types: Iterable[str], support: OpSupport) -> dict[str, OpSupport]:
+    return {op: support for op in op_types}
+
+
+def _const(*names: str, start: int = 1) -> tuple[tuple[int, str], ...]:
+    return tuple((start + k, name) for k, name in enumerate(names))
+
+
+_UNARY_FLOAT = ("Sigmoid", "HardSigmoid", "Tanh", "Sqrt", "Exp", "Log", "Reciprocal", "LeakyRelu")
+_REDUCE = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2")
+_SHAPE_OPS = ("Flatten", "Transpose", "Concat", "Identity")
+
+SUPPORT_TABLE: dict[str, OpSupport] = {
+    "Conv": OpSupport(1, check=_spatial),
+    "ConvTranspose": OpSupport(1, check=_spatial),
+    "MatMul": OpSupport(1),
+    "Gemm": OpSupport(7),
+    "BatchNormalization": OpSupport(7, check=_batchnorm),
+    "Relu": OpSupport(6, dtypes=FLOATS + ("int8", "int32", "int64")),
+    **_same(_UNARY_FLOAT, OpSupport(6)),
+    "PRelu": OpSupport(7),
+    "Clip": OpSupport(6, const_inputs=_const("min", "max")),
+    "HardSwish": OpSupport(14),
+    "Erf": OpSupport(9),
+    "Gelu": OpSupport(20),
+    "Softmax": OpSupport(1),
+    "LogSoftmax": OpSupport(1),
+    "LayerNormalization": OpSupport(17, check=_layernorm),
+    **_same(("Add", "Sub", "Mul", "Div"), OpSupport(7, dtypes=FLOATS + ("int32", "int64"))),
+    "Pow": OpSupport(7),
+    **_same(("Neg", "Abs"), OpSupport(6, dtypes=FLOATS + ("int8", "int32", "int64"))),
+    **_same(("Min", "Max"), OpSupport(8, dtypes=FLOATS + ("int32", "int64"))),
+    **_same(("Sum", "Mean"), OpSupport(8)),
+    "MaxPool": OpSupport(1, dtypes=FLOATS + ("int8", "uint8"), check=_maxpool),
+    "AveragePool": OpSupport(1, check=_spatial),
+    "GlobalAveragePool": OpSupport(1, check=_spatial),
+    "GlobalMaxPool": OpSupport(1, check=_spatial),
+    "LRN": OpSupport(1),
+    **_same(_REDUCE, OpSupport(1, const_inputs=_const("axes"))),
+    "Reshape": OpSupport(5, dtypes=ALL, const_inputs=_const("shape")),
+    **_same(_SHAPE_OPS, OpSupport(1, dtypes=ALL)),
+    "Split": OpSupport(2, dtypes=ALL, const_inputs=_const("split")),
+    "Slice": OpSupport(10, dtypes=ALL, const_inputs=_const("starts", "ends", "axes", "steps")),
+    **_same(("Squeeze", "Unsqueeze"), OpSupport(1, dtypes=ALL, const_inputs=_const("axes"))),
+    "Gather": OpSupport(1, dtypes=ALL),
+    "Expand": OpSupport(8, dtypes=ALL, const_inputs=_const("shape")),
+    "Where": OpSupport(9, dtypes=ALL, typed_inputs=(1, 2)),
+    "Cast": OpSupport(6, dtypes=ALL),
+    "Dropout": OpSupport(7, check=_dropout),
+    "Resize": OpSupport(10, check=_resize),
+    "Pad": OpSupport(11, dtypes=ALL, const_inputs=((1, "pads"), (3, "axes"))),
+    "QuantizeLinear": OpSupport(10, dtypes=FLOATS + ("int8", "uint8")),
+    "DequantizeLinear": OpSupport(10, dtypes=FLOATS + ("int8", "uint8", "int32")),
+    "QLinearConv": OpSupport(10, dtypes=("int8", "uint8"), typed_inputs=(0, 3), check=_spatial),
+    "QLinearMatMul": OpSupport(10, dtypes=("int8", "uint8"), typed_inputs=(0, 3)),
+    "MatMulInteger": OpSupport(10, dtypes=("int8", "uint8", "int32"), typed_inputs=(0, 1)),
+    "ConvInteger": OpSupport(
+        10, dtypes=("int8", "uint8", "int32"), typed_inputs=(0, 1), check=_spatial
+    ),
+    "Constant": OpSupport(1, dtypes=ALL, typed_inputs=()),
+    "ConstantOfShape": OpSupport(
+        9, dtypes=ALL, typed_inputs=(), const_inputs=_const("input", start=0)
+    ),
+}
+"""op_type -> what the NPU supports of it (ops of the default ONNX domain)."""
+
+
+def _require_constant(
+    graph: GraphView, inputs: Iterable[str], named: Iterable[tuple[int, str]]
+) -> str | None:
+    inputs = list(inputs)
+    for index, name in named:
+        if index < len(inputs) and inputs[index] and graph.constant(inputs[index]) is None:
+            return f"input '{name}' must be constant (an initializer or Constant output)"
+    return None
+
+
+def _static(graph: GraphView, tensor: str, role: str) -> str | None:
+    _, shape = graph.tensor_type(tensor)
+    if shape is None:
+        return f"unknown shape of {role} '{tensor}'; run shape inference or set dim overrides"
+    for k, dim in enumerate(shape):
+        if isinstance(dim, str):
+            return f"dynamic dimension '{dim}' on {role} '{tensor}'; set a dim override"
+        if dim is None:
+            return f"unknown dimension {k} on {role} '{tensor}'"
+    return None
+
+
+def _reason(graph: GraphView, i: int) -> str | None:
+    node = graph.nodes[i]
+    domain = "" if node.domain in ("", "ai.onnx") else node.domain
+    support = SUPPORT_TABLE.get(node.op_type)
+    if support is None or support.domain != domain:
+        return f"not supported by the NPU; supported: {', '.join(sorted(SUPPORT_TABLE))}"
+    opset = graph.opset(domain)
+    if not support.since_opset <= opset <= support.until_opset:
+        return (
+            f"opset {opset} not supported; supported opsets "
+            f"{support.since_opset}..{support.until_opset}"
+        )
+    typed = [(node.input[k], "input") for k in support.typed_inputs if k < len(node.input)]
+    typed += [(node.output[0], "output")] if node.output else []
+    for tensor, role in typed:
+        if not tensor:
+            continue
+        dtype, _ = graph.tensor_type(tensor)
+        if dtype not in support.dtypes:
+            shown = "unknown" if dtype is None else dtype
+            return f"dtype {shown} of {role} '{tensor}' not supported; supported: " + ", ".join(
+                support.dtypes
+            )
+    for tensor in node.input:
+        if tensor and (why := _static(graph, tensor, "input")):
+            return why
+    for tensor in node.output:
+        if tensor and (why := _static(graph, tensor, "output")):
+            return why
+    if why := _require_constant(graph, node.input, support.const_inputs):
+        return why
+    return support.check(graph, i) if support.check else None
+
+
+def check_node(graph: GraphView, i: int) -> str | None:
+    """None if the NPU can run node ``i``, else why not, prefixed with the op type."""
+    why = _reason(graph, i)
+    return None if why is None else f"{graph.nodes[i].op_type}: {why}"
+
+
+def get_npu_capability(
+    graph: GraphView, assigned: Iterable[int] = frozenset()
+) -> tuple[list[ComputeCapability], dict[int, str]]:
+    """Groups of supported nodes not yet assigned, and a reason for every declined node.
+
+    Skips the nodes in ``assigned`` and in ``graph.assigned``. Supported nodes connected by a
+    tensor form one group (indices ascending, groups ordered by first node); the partitioner
+    splits a group that would create a cycle between partitions.
+    """
+    taken = set(assigned) | set(graph.assigned)
+    reasons: dict[int, str] = {}
+    supported: list[int] = []
+    for i in range(len(graph.nodes)):
+        if i in taken:
+            continue
+        why = check_node(graph, i)
+        if why is None:
+            supported.append(i)
+        else:
+            reasons[i] = why
+    parent = {i: i for i in supported}
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i in supported:
+        for tensor in graph.node_inputs(i):
+            p = graph.producer(tensor)
+            if p is not None and p in parent:
+                a, b = find(p), find(i)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    groups: dict[int, list[int]] = {}
+    for i in supported:
+        groups.setdefault(find(i), []).append(i)
+    capabilities = [ComputeCapability(tuple(g)) for _, g in sorted(groups.items())]
+    return capabilities, reasons
