@@ -25,7 +25,7 @@ ops = st.lists(
 def check_invariants(hbm: Hbm, live: list) -> None:
     s = hbm.stats()
     spans = sorted((b.address, b.end) for b in live)
-    for (_, end), (start, _) in zip(spans, spans[1:]):
+    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
         assert end <= start, "live blocks overlap"
     for b in live:
         assert b.address % hbm.alignment == 0 and b.size % hbm.alignment == 0
