@@ -316,6 +316,7 @@ class Hbm:
             "hbm.peak_bytes_in_use": self._peak,
             "hbm.free_bytes": fl.total,
             "hbm.largest_free_block": fl.largest,
+            "hbm.free_blocks": len(fl.starts),
             "hbm.fragmentation": 1.0 - fl.largest / fl.total if fl.total else 0.0,
             "hbm.allocations": len(self._live),
             "hbm.alloc_calls": self._alloc_calls,
