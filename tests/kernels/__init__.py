@@ -49,10 +49,15 @@ def ort_reference(
     n_outputs: int = 1,
     opset: int = 17,
     constant_inputs: Sequence[int] = (),
+    upcast_halves: bool = True,
 ) -> list[np.ndarray]:
-    """onnxruntime's outputs; half-precision float inputs run as float32 and round back once."""
+    """onnxruntime's outputs.
+
+    With ``upcast_halves``, half-precision float inputs run as float32 and the float32 outputs
+    round back once (onnxruntime's CPU provider lacks most half kernels, and none for bfloat16).
+    """
     half = next((a.dtype for a in inputs if a is not None and a.dtype in HALF), None)
-    if half is None:
+    if half is None or not upcast_halves:
         return run_ort(op, inputs, attrs, n_outputs, opset, constant_inputs=constant_inputs)
     up = [a.astype(np.float32) if a is not None and a.dtype in HALF else a for a in inputs]
     outs = run_ort(op, up, attrs, n_outputs, opset, constant_inputs=constant_inputs)
@@ -83,12 +88,14 @@ def assert_matches(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray],
 def check_against_ort(op: str, inputs: Sequence[np.ndarray | None],
                       attrs: Mapping[str, Any] | None = None, *, n_outputs: int = 1,
                       opset: int = 17, constant_inputs: Sequence[int] = (),
-                      kernel_attrs: Mapping[str, Any] | None = None) -> list[np.ndarray]:
+                      kernel_attrs: Mapping[str, Any] | None = None,
+                      upcast_halves: bool = True) -> list[np.ndarray]:
     """Run kernel and onnxruntime on the same node and assert they agree; return the outputs.
 
-    ``kernel_attrs`` are extra attributes only the kernel sees (``_opset``).
+    ``kernel_attrs`` are extra attributes only the kernel sees (``_opset``); ``upcast_halves``
+    as in :func:`ort_reference`.
     """
-    expected = ort_reference(op, inputs, attrs, n_outputs, opset, constant_inputs)
+    expected = ort_reference(op, inputs, attrs, n_outputs, opset, constant_inputs, upcast_halves)
     actual = run_kernel(op, inputs, {**(attrs or {}), **(kernel_attrs or {})})
     assert_matches(actual, expected)
     return actual
