@@ -5,3 +5,53 @@ doorbell; the firmware decodes them, tracks their dependencies, dispatches them 
 and compute cores concurrently, and posts a completion with a status for each. A malformed
 command faults its completion and never the simulator; the device stays usable.
 """
+
+from .commands import (
+    COMMAND_BYTES,
+    MAX_DEPS,
+    Barrier,
+    Command,
+    Dma,
+    Kernel,
+    Nop,
+    Opcode,
+    Signal,
+    Wait,
+    describe,
+    pack,
+    unpack,
+)
+from .loader import LoadedProgram, run_program, validate
+from .processor import Firmware, Submission
+from .program import KernelLaunch, Program, Region, TensorDesc, reloc
+from .rings import COMPLETION_BYTES, Completion, RingOverflow, Status
+
+__all__ = [
+    "COMMAND_BYTES",
+    "COMPLETION_BYTES",
+    "MAX_DEPS",
+    "Barrier",
+    "Command",
+    "Completion",
+    "Dma",
+    "Firmware",
+    "Kernel",
+    "KernelLaunch",
+    "LoadedProgram",
+    "Nop",
+    "Opcode",
+    "Program",
+    "Region",
+    "RingOverflow",
+    "Signal",
+    "Status",
+    "Submission",
+    "TensorDesc",
+    "Wait",
+    "describe",
+    "pack",
+    "reloc",
+    "run_program",
+    "unpack",
+    "validate",
+]

@@ -1,0 +1,410 @@
+"""The program loader: validate a compiled :class:`~firmware_model.program.Program`, place it in
+HBM, and run it.
+
+:func:`load_program` (``Firmware.load``) first checks everything it can without touching the
+device (the list is in ``docs/firmware.md``) and raises one
+:class:`~npu_sim.errors.InvalidCommand` listing every problem found. Only then does it allocate
+the ARENA and WEIGHTS regions, upload the weights with one DMA through the firmware (the device
+chunks it), and relocate the command stream: every ``reloc(region, offset)`` address becomes the
+region's HBM base plus the offset. A failed load frees what it allocated.
+
+:meth:`LoadedProgram.run` checks the inputs, then submits one submission: the input DMAs
+(host -> arena), a BARRIER, the program's commands, a BARRIER, the output DMAs (arena -> host).
+In timing-only mode (``functional=False``) kernels compute no values but every DMA and kernel is
+still charged, and the outputs are returned as ``None``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from npu_sim import dtypes
+from npu_sim.dma import DMA_ALIGNMENT
+from npu_sim.dtypes import TensorSpec
+from npu_sim.errors import InvalidCommand, NpuSimError
+from npu_sim.hbm import DeviceBuffer
+from npu_sim.kernels import registry
+
+from .commands import U32_MAX, Barrier, Command, Dma, Kernel, Signal, Wait, pack, unpack
+from .program import Program, Region, split_reloc
+
+if TYPE_CHECKING:
+    from npu_sim.device import Device
+
+    from .processor import Firmware
+
+_SCOPE = "npu.fw.loader"
+_MAX_SHOWN = 20
+
+
+def _problem_error(program: Program, problems: list[str]) -> InvalidCommand:
+    shown = problems[:_MAX_SHOWN]
+    more = f"\n  ... and {len(problems) - _MAX_SHOWN} more" if len(problems) > _MAX_SHOWN else ""
+    err = InvalidCommand(_SCOPE, f"program {program.name!r} is invalid "
+                                 f"({len(problems)} problem{'s' * (len(problems) > 1)}):\n  "
+                                 + "\n  ".join(shown) + more)
+    err.problems = list(problems)
+    return err
+
+
+def validate(program: Program, *, cores: int, semaphores: int, ring_entries: int,
+             functional: bool = True) -> list[Command]:
+    """Check ``program`` against a device with ``cores`` cores and a firmware with
+    ``semaphores`` semaphores and ``ring_entries`` ring slots; returns its decoded commands.
+
+    Raises InvalidCommand listing every problem (``.problems`` holds them one per entry).
+    ``functional=False`` allows weights to be absent (a timing-only load).
+    """
+    problems: list[str] = []
+    sizes = {Region.ARENA: program.arena_bytes, Region.WEIGHTS: 0}
+    if isinstance(program.arena_bytes, bool) or not isinstance(program.arena_bytes, int) \
+            or program.arena_bytes < 0:
+        problems.append(f"arena_bytes={program.arena_bytes!r}; expected an int >= 0")
+        sizes[Region.ARENA] = 0
+    nbytes = _check_tensors(program, problems)
+    sizes[Region.WEIGHTS] = max((t.offset + nbytes[i] for i, t in enumerate(program.tensors)
+                                 if t.region == Region.WEIGHTS and nbytes[i] is not None),
+                                default=0)
+    for i, t in enumerate(program.tensors):
+        n = nbytes[i]
+        if n is not None and t.region == Region.ARENA and t.offset + n > sizes[Region.ARENA]:
+            problems.append(f"tensor {i} {t.name!r}: [{t.offset}, {t.offset + n}) ends past the "
+                            f"arena of {program.arena_bytes} bytes")
+    _check_io(program, nbytes, problems)
+    _check_weights(program, nbytes, problems, functional)
+    _check_launches(program, problems)
+    commands: list[Command] = []
+    try:
+        commands = unpack(program.commands)
+    except InvalidCommand as exc:
+        problems.append(f"command stream: {exc.message}")
+    _check_commands(program, commands, sizes, problems, cores=cores, semaphores=semaphores)
+    needed = len(commands) + _io_commands(program, nbytes) + 2
+    if needed > ring_entries:
+        problems.append(f"a run needs {needed} ring slots (commands, I/O DMAs, 2 barriers); the "
+                        f"submission ring has {ring_entries}")
+    if problems:
+        raise _problem_error(program, problems)
+    return commands
+
+
+def _check_tensors(program: Program, problems: list[str]) -> list[int | None]:
+    """Per-tensor checks; returns each tensor's byte size (None when it cannot be known)."""
+    nbytes: list[int | None] = []
+    for i, t in enumerate(program.tensors):
+        where = f"tensor {i} {t.name!r}"
+        try:
+            item = dtypes.itemsize(t.dtype)
+            n = TensorSpec(t.shape, t.dtype).nbytes
+        except (NpuSimError, TypeError, ValueError) as exc:
+            problems.append(f"{where}: bad shape {t.shape!r} or dtype {t.dtype!r} ({exc})")
+            nbytes.append(None)
+            continue
+        if t.region not in (Region.ARENA, Region.WEIGHTS):
+            problems.append(f"{where}: region {t.region!r}; tensors live in ARENA or WEIGHTS")
+            n = None
+        elif isinstance(t.offset, bool) or not isinstance(t.offset, int) or t.offset < 0:
+            problems.append(f"{where}: offset {t.offset!r}; expected an int >= 0")
+            n = None
+        elif t.offset % item:
+            problems.append(f"{where}: offset {t.offset} is not a multiple of its {t.dtype} "
+                            f"itemsize {item}")
+        nbytes.append(n)
+    return nbytes
+
+
+def _ranges_overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def _check_io(program: Program, nbytes: list[int | None], problems: list[str]) -> None:
+    ntensors = len(program.tensors)
+    for role, indices in (("input", program.inputs), ("output", program.outputs)):
+        if len(set(indices)) != len(indices):
+            problems.append(f"{role}s {list(indices)} name a tensor twice")
+        spans: list[tuple[int, int, int]] = []
+        for k, idx in enumerate(indices):
+            if isinstance(idx, bool) or not isinstance(idx, int) or not 0 <= idx < ntensors:
+                problems.append(f"{role} {k}: tensor index {idx!r} out of range [0, {ntensors})")
+                continue
+            t, n = program.tensors[idx], nbytes[idx]
+            if role == "input" and t.region != Region.ARENA:
+                problems.append(f"input {k} {t.name!r} is in {t.region.name}; inputs are "
+                                "written by DMA and must live in the ARENA")
+            if n is None:
+                continue
+            if t.offset % DMA_ALIGNMENT:
+                problems.append(f"{role} {k} {t.name!r}: offset {t.offset} is not a multiple of "
+                                f"the DMA alignment {DMA_ALIGNMENT}")
+            for other, start, end in spans:
+                if t.region == program.tensors[other].region and \
+                        _ranges_overlap((t.offset, t.offset + n), (start, end)) and other != idx:
+                    problems.append(f"{role}s {program.tensors[other].name!r} and {t.name!r} "
+                                    f"overlap ([{start}, {end}) and [{t.offset}, "
+                                    f"{t.offset + n}))")
+            spans.append((idx, t.offset, t.offset + n))
+
+
+def _check_weights(program: Program, nbytes: list[int | None], problems: list[str],
+                   functional: bool) -> None:
+    weight_idx = [i for i, t in enumerate(program.tensors) if t.region == Region.WEIGHTS]
+    for key in program.weights:
+        if key not in weight_idx:
+            problems.append(f"weights has an entry for tensor {key!r}, which is not a WEIGHTS "
+                            "tensor")
+    placed: dict[tuple[int, int], int] = {}
+    for i in weight_idx:
+        t, n = program.tensors[i], nbytes[i]
+        if n is None:
+            continue
+        data = program.weights.get(i)
+        if data is None:
+            if functional:
+                problems.append(f"weight tensor {i} {t.name!r} has no bytes in weights")
+        elif not isinstance(data, (bytes, bytearray, memoryview)) or len(data) != n:
+            got = len(data) if isinstance(data, (bytes, bytearray, memoryview)) else \
+                type(data).__name__
+            problems.append(f"weight tensor {i} {t.name!r}: expected {n} bytes, got {got}")
+            continue
+        span = (t.offset, t.offset + n)
+        for (start, end), j in placed.items():
+            if not _ranges_overlap(span, (start, end)):
+                continue
+            same = span == (start, end) and (data is None or program.weights.get(j) is None
+                                             or bytes(data) == bytes(program.weights[j]))
+            if not same:
+                problems.append(f"weight tensors {program.tensors[j].name!r} and {t.name!r} "
+                                f"overlap ([{start}, {end}) and [{span[0]}, {span[1]})); only "
+                                "identical contents may share a range")
+        placed.setdefault(span, i)
+
+
+def _check_launches(program: Program, problems: list[str]) -> None:
+    ntensors = len(program.tensors)
+    unknown = sorted({launch.op for launch in program.launches} - set(registry.names()))
+    if unknown:
+        problems.append(f"unknown kernels: {', '.join(unknown)}; registered: "
+                        f"{', '.join(registry.names())}")
+    for k, launch in enumerate(program.launches):
+        where = f"launch {k} ({launch.op}, node {launch.node!r})"
+        for i in launch.inputs:
+            if not (i == -1 or (isinstance(i, int) and 0 <= i < ntensors)):
+                problems.append(f"{where}: input tensor index {i!r}; expected -1 (omitted) or "
+                                f"[0, {ntensors})")
+        if not launch.outputs:
+            problems.append(f"{where}: has no outputs")
+        for i in launch.outputs:
+            if not (isinstance(i, int) and 0 <= i < ntensors):
+                problems.append(f"{where}: output tensor index {i!r}; expected [0, {ntensors})")
+            elif program.tensors[i].region == Region.WEIGHTS:
+                problems.append(f"{where}: writes tensor {program.tensors[i].name!r} in the "
+                                "read-only WEIGHTS region")
+
+
+def _check_commands(program: Program, commands: list[Command], sizes: dict[Region, int],
+                    problems: list[str], *, cores: int, semaphores: int) -> None:
+    seen: set[int] = set()
+    for c in commands:
+        where = f"command {c.cmd_id}"
+        if c.cmd_id in seen:
+            problems.append(f"{where}: cmd_id used twice")
+        for d in c.deps:
+            if d not in seen:
+                problems.append(f"{where}: depends on {d}, not an earlier command")
+        seen.add(c.cmd_id)
+        if isinstance(c, Dma):
+            for role, address, writes in (("src", c.src, False), ("dst", c.dst, True)):
+                msg = _check_reloc(address, c.nbytes, sizes, writes)
+                if msg:
+                    problems.append(f"{where}: DMA {role}: {msg}")
+            if c.nbytes == 0:
+                problems.append(f"{where}: DMA of 0 bytes")
+        elif isinstance(c, Kernel):
+            if c.launch >= len(program.launches):
+                problems.append(f"{where}: launch index {c.launch} out of range; the program "
+                                f"has {len(program.launches)} launches")
+            if c.core_mask >> cores:
+                problems.append(f"{where}: core_mask {c.core_mask:#x} names cores beyond the "
+                                f"device's {cores}")
+        elif isinstance(c, (Signal, Wait)) and c.semaphore >= semaphores:
+            problems.append(f"{where}: semaphore {c.semaphore} out of range [0, {semaphores})")
+
+
+def _check_reloc(address: int, nbytes: int, sizes: dict[Region, int], writes: bool) -> str:
+    region, offset = split_reloc(address)
+    if region not in (Region.ARENA, Region.WEIGHTS):
+        name = Region(region).name if region in Region._value2member_map_ else str(region)
+        return (f"address {address:#x} is in region {name}; program DMAs use "
+                "reloc(ARENA|WEIGHTS, offset) (host transfers are added by the loader)")
+    region = Region(region)
+    if writes and region == Region.WEIGHTS:
+        return "writes the read-only WEIGHTS region"
+    if offset + nbytes > sizes[region]:
+        return (f"[{offset}, {offset + nbytes}) runs past the {region.name} region of "
+                f"{sizes[region]} bytes")
+    if offset % DMA_ALIGNMENT:
+        return f"offset {offset} is not a multiple of the DMA alignment {DMA_ALIGNMENT}"
+    return ""
+
+
+def _io_commands(program: Program, nbytes: list[int | None]) -> int:
+    idx = [*program.inputs, *program.outputs]
+    return sum(1 for i in idx if isinstance(i, int) and 0 <= i < len(nbytes) and nbytes[i])
+
+
+def load_program(fw: Firmware, program: Program, *, functional: bool = True) -> LoadedProgram:
+    """Validate, allocate, upload weights and relocate; see the module docstring."""
+    device = fw.device
+    commands = validate(program, cores=device.config.cores, semaphores=len(fw.semaphores),
+                        ring_entries=fw.ring_entries, functional=functional)
+    loaded = LoadedProgram(fw, program, functional)
+    try:
+        if program.arena_bytes:
+            loaded.arena = device.malloc(program.arena_bytes)
+        if program.weights_bytes:
+            loaded.weights = device.malloc(program.weights_bytes)
+            staging = np.zeros(program.weights_bytes, np.uint8)
+            for i, data in program.weights.items():
+                t = program.tensors[i]
+                staging[t.offset:t.offset + len(data)] = np.frombuffer(bytes(data), np.uint8)
+            iova = device.map_host(staging)
+            try:
+                fw.run([Dma(0, iova, loaded.weights.address, program.weights_bytes)])
+            finally:
+                device.unmap_host(iova)
+    except BaseException:
+        loaded.unload()
+        raise
+    loaded.commands = [_relocate(c, loaded) for c in commands]
+    return loaded
+
+
+def _relocate(cmd: Command, loaded: LoadedProgram) -> Command:
+    if not isinstance(cmd, Dma):
+        return cmd
+    return Dma(cmd.cmd_id, loaded.absolute(cmd.src), loaded.absolute(cmd.dst), cmd.nbytes,
+               deps=cmd.deps)
+
+
+class LoadedProgram:
+    """A program resident on the device: its regions, its relocated commands, and :meth:`run`."""
+
+    def __init__(self, firmware: Firmware, program: Program, functional: bool) -> None:
+        self.firmware = firmware
+        self.program = program
+        self.functional = functional
+        self.arena: DeviceBuffer | None = None
+        self.weights: DeviceBuffer | None = None
+        self.commands: list[Command] = []
+        self.last_run_cycles: int | None = None
+        self.loaded = True
+
+    def base(self, region: Region) -> int:
+        """HBM address of ``region``."""
+        buf = self.arena if region == Region.ARENA else self.weights
+        if buf is None:
+            raise InvalidCommand(_SCOPE, f"program {self.program.name!r} has no {region.name} "
+                                         "region allocated")
+        return buf.address
+
+    def absolute(self, address: int) -> int:
+        """The HBM address of a relocatable ``address``."""
+        region, offset = split_reloc(address)
+        return self.base(Region(region)) + offset
+
+    def operand(self, tensor: int) -> tuple[int, TensorSpec]:
+        """``(HBM address, spec)`` of tensor ``tensor`` (what ``compute.execute`` takes)."""
+        t = self.program.tensors[tensor]
+        return self.base(t.region) + t.offset, t.spec
+
+    @property
+    def relocated_commands(self) -> bytes:
+        """The command stream with absolute addresses, as the firmware runs it."""
+        return pack(self.commands)
+
+    def run(self, inputs: Sequence[np.ndarray] | None, *, functional: bool = True,
+            queue: int = 0) -> list[np.ndarray | None]:
+        """Run once: inputs in, commands, outputs out; returns the outputs (``None`` each in
+        timing-only mode, where ``inputs`` may also be None). Raises DeviceFault on a fault."""
+        prog, fw, device = self.program, self.firmware, self.firmware.device
+        if not self.loaded:
+            raise InvalidCommand(_SCOPE, f"program {prog.name!r} was unloaded")
+        if functional and not self.functional:
+            raise InvalidCommand(_SCOPE, f"program {prog.name!r} was loaded timing-only "
+                                         "(functional=False); load it again to compute values")
+        host_in = self._host_inputs(inputs, functional)
+        host_out = [np.zeros(t.shape, dtypes.to_numpy(t.dtype)) for t in prog.output_descs()]
+        used = {c.semaphore for c in self.commands if isinstance(c, (Signal, Wait))}
+        fw.reset_semaphores(sorted(used))
+        mapped: list[int] = []
+        try:
+            io_id = max((c.cmd_id for c in self.commands), default=-1) + 1
+            pre: list[Command] = []
+            post: list[Command] = []
+            for arrays, descs, out in ((host_in, prog.input_descs(), pre),
+                                       (host_out, prog.output_descs(), post)):
+                for array, t in zip(arrays, descs, strict=True):
+                    if not array.nbytes:
+                        continue
+                    iova = device.map_host(array)
+                    mapped.append(iova)
+                    address = self.base(t.region) + t.offset
+                    src, dst = (iova, address) if out is pre else (address, iova)
+                    if io_id + 2 > U32_MAX:
+                        raise InvalidCommand(_SCOPE, "command ids exhausted for I/O DMAs")
+                    out.append(Dma(io_id, src, dst, array.nbytes))
+                    io_id += 1
+            stream = [*pre, Barrier(io_id), *self.commands, Barrier(io_id + 1), *post]
+            self.last_run_cycles = None
+            start = device.now
+            fw.run(stream, queue=queue, program=self, functional=functional)
+            self.last_run_cycles = device.now - start
+        finally:
+            for iova in mapped:
+                device.unmap_host(iova)
+        return list(host_out) if functional else [None] * len(host_out)
+
+    def _host_inputs(self, inputs: Sequence[np.ndarray] | None,
+                     functional: bool) -> list[np.ndarray]:
+        descs = self.program.input_descs()
+        if inputs is None and not functional:
+            return [np.zeros(t.shape, dtypes.to_numpy(t.dtype)) for t in descs]
+        if inputs is None or len(inputs) != len(descs):
+            got = "None" if inputs is None else str(len(inputs))
+            raise InvalidCommand(_SCOPE, f"program {self.program.name!r} takes {len(descs)} "
+                                         f"inputs ({', '.join(t.name for t in descs)}), got {got}")
+        out = []
+        for k, (array, t) in enumerate(zip(inputs, descs, strict=True)):
+            want = dtypes.to_numpy(t.dtype)
+            shape, dtype = getattr(array, "shape", None), getattr(array, "dtype", None)
+            if not isinstance(array, np.ndarray) or shape != t.shape or dtype != want:
+                raise InvalidCommand(_SCOPE, f"input {k} {t.name!r}: expected shape {t.shape} "
+                                             f"{t.dtype}, got "
+                                             + (f"shape {shape} {dtype}"
+                                                if isinstance(array, np.ndarray)
+                                                else type(array).__name__))
+            out.append(np.ascontiguousarray(array))
+        return out
+
+    def unload(self) -> None:
+        """Free the program's regions; it cannot run afterwards."""
+        for buf in (self.arena, self.weights):
+            if buf is not None and not buf.freed:
+                self.firmware.device.free(buf)
+        self.arena = self.weights = None
+        self.loaded = False
+
+
+def run_program(device: Device, program: Program, inputs: Sequence[np.ndarray], *,
+                functional: bool = True) -> list[np.ndarray | None]:
+    """Load ``program`` on ``device`` with a fresh one-queue firmware, run it once, unload it."""
+    from .processor import Firmware
+
+    loaded = Firmware(device).load(program, functional=functional)
+    try:
+        return loaded.run(inputs, functional=functional)
+    finally:
+        loaded.unload()
