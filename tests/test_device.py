@@ -95,3 +95,21 @@ def test_same_inputs_same_cycles():
         return dev.now, [(r.engine, r.start, r.end) for r in dev.trace.records]
 
     assert run() == run()
+
+
+def test_trace_recorder_ids_deps_and_validation():
+    from npu_sim.trace import TraceRecorder
+
+    tr = TraceRecorder()
+    a = tr.record("dma", "dma0", "npu.dma0", "x", 0, 10, work={"bytes": 64})
+    b = tr.record("kernel", "core1", "npu.core1", "k", 10, 25, deps=[a, a])
+    assert (a, b) == (0, 1) and len(tr) == 2
+    assert tr.records[1].deps == (0,) and tr.records[1].cycles == 15
+    with pytest.raises(ValueError, match="kind"):
+        tr.record("dram", "x", "npu", "n", 0, 1)
+    with pytest.raises(ValueError, match="start"):
+        tr.record("sync", "x", "npu", "n", 5, 1)
+    with pytest.raises(ValueError, match="deps"):
+        tr.record("sync", "x", "npu", "n", 0, 1, deps=[7])
+    tr.clear()
+    assert len(tr) == 0 and tr.record("sync", "x", "npu", "n", 0, 0) == 2
