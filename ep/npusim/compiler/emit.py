@@ -1,0 +1,86 @@
+"""Command emission: one KERNEL command per launch, with the dependencies that make it safe.
+
+The firmware runs commands as soon as their dependencies complete, in any order and on several
+cores at once, so a command's ``deps`` must name every command it has to follow:
+
+- *data dependencies* (read after write): the launch that produced each buffer it reads;
+- *anti-dependencies* created by arena reuse (write after read, write after write): before a
+  launch writes a buffer whose memory overlaps a buffer that lived earlier, every reader of the
+  earlier occupant, and its producer, must have finished.
+
+A descriptor holds at most :data:`~firmware_model.commands.MAX_DEPS` dependencies; a command that
+needs more waits on chained NOP joins. Dependencies on a command that is already an ancestor
+through another dependency are kept: the firmware tracks them cheaply, and pruning them would
+need a transitive closure that buys nothing at these sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from firmware_model.commands import MAX_DEPS, Command, Kernel, Nop
+
+from .lower import Lowered
+from .memplan import Buffer, align_up
+
+
+def launch_dependencies(
+    lowered: Lowered,
+    buffers: Sequence[Buffer],
+    offsets: Mapping[int, int],
+    alignment: int,
+) -> tuple[list[tuple[int, ...]], int]:
+    """For each launch, the earlier launches it must follow, and how many were anti-deps."""
+    producer: dict[int, int] = {}
+    readers: dict[int, set[int]] = {b.key: set() for b in buffers}
+    for step, launch in enumerate(lowered.launches):
+        for t in launch.outputs:
+            producer.setdefault(lowered.tensors[t].buffer, step)
+        for t in launch.inputs:
+            if t >= 0 and not lowered.tensors[t].is_const:
+                readers[lowered.tensors[t].buffer].add(step)
+    spans = {b.key: (offsets[b.key], offsets[b.key] + align_up(max(b.size, 1), alignment))
+             for b in buffers}
+    by_key = {b.key: b for b in buffers}
+    deps: list[tuple[int, ...]] = []
+    anti = 0
+    for step, launch in enumerate(lowered.launches):
+        need: set[int] = set()
+        for t in launch.inputs:
+            if t >= 0 and not lowered.tensors[t].is_const:
+                p = producer.get(lowered.tensors[t].buffer)
+                if p is not None and p != step:
+                    need.add(p)
+        data = len(need)
+        for t in launch.outputs:
+            written = by_key[lowered.tensors[t].buffer]
+            lo, hi = spans[written.key]
+            for earlier in buffers:
+                if earlier.last >= written.first or earlier.key == written.key:
+                    continue
+                e_lo, e_hi = spans[earlier.key]
+                if e_lo < hi and lo < e_hi:
+                    need.update(readers[earlier.key])
+                    if earlier.key in producer:
+                        need.add(producer[earlier.key])
+        need.discard(step)
+        anti += len(need) - data
+        deps.append(tuple(sorted(need)))
+    return deps, anti
+
+
+def emit(launch_deps: Sequence[tuple[int, ...]], core_masks: Sequence[int]) -> list[Command]:
+    """KERNEL commands (launch ``i`` -> command), with NOP joins where deps exceed a descriptor."""
+    commands: list[Command] = []
+    cmd_of_launch: list[int] = []
+    for launch, (before, mask) in enumerate(zip(launch_deps, core_masks, strict=True)):
+        deps = sorted(cmd_of_launch[d] for d in before)
+        while len(deps) > MAX_DEPS:
+            chunk, deps = deps[:MAX_DEPS], deps[MAX_DEPS:]
+            join = len(commands)
+            commands.append(Nop(join, deps=tuple(chunk)))
+            deps.append(join)
+        cmd_id = len(commands)
+        commands.append(Kernel(cmd_id, deps=tuple(deps), launch=launch, core_mask=mask))
+        cmd_of_launch.append(cmd_id)
+    return commands

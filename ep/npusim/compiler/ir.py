@@ -1,0 +1,223 @@
+"""The compiler's working graph: a small mutable copy of one partition's ONNX subgraph.
+
+:class:`SubGraph` is what the rewrites (:mod:`.rewrite`) edit and what lowering (:mod:`.lower`)
+turns into a :class:`~firmware_model.program.Program`. It is deliberately plain: a topologically
+ordered list of :class:`Node` (op type, input/output tensor names, attributes as python values),
+the constant tensors by name (initializers, and whatever constant folding produced), and the
+static ``(dtype, shape)`` of every tensor.
+
+Shapes are static by construction: :meth:`SubGraph.from_fused` applies the dimension overrides
+and runs ONNX shape inference; a tensor whose shape is still symbolic (or unknown) raises
+:class:`ep.errors.Fail` naming it, since the capability check should never have offered a node
+that needs one.
+
+:func:`evaluate` runs a SubGraph with the device's own kernels (:mod:`npu_sim.kernels`). Constant
+folding uses it for single nodes, and the rewrite tests use it to check a rewritten graph against
+onnxruntime on the original one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from npu_sim import dtypes
+from npu_sim import kernels as npu_kernels
+
+from ... import errors
+
+TensorType = tuple[str, tuple[int, ...]]
+
+# Ops whose result depends on the opset's definition, not only on attributes: their kernels take
+# the opset as the ``_opset`` attribute.
+OPSET_DEPENDENT = frozenset({"Softmax", "LogSoftmax", "Hardmax"})
+
+
+@dataclass
+class Node:
+    """One node of a :class:`SubGraph`. ``""`` in ``inputs`` marks an omitted optional input."""
+
+    op: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+    domain: str = ""
+
+
+@dataclass
+class SubGraph:
+    """A partition's graph, with static types and constant tensors, ready to rewrite."""
+
+    nodes: list[Node]
+    inputs: list[str]
+    outputs: list[str]
+    consts: dict[str, np.ndarray]
+    types: dict[str, TensorType]
+    opset: int
+
+    @classmethod
+    def from_fused(
+        cls,
+        graph: onnx.GraphProto,
+        opset_imports: Sequence[onnx.OperatorSetIdProto],
+        dim_overrides: Mapping[str, int] | None = None,
+    ) -> SubGraph:
+        """Import a partition's standalone graph, resolving every shape to static values."""
+        inferred = _infer(graph, opset_imports, dim_overrides or {})
+        consts = {t.name: numpy_helper.to_array(t) for t in inferred.initializer}
+        opset = next((o.version for o in opset_imports if o.domain in ("", "ai.onnx")), 1)
+        types: dict[str, TensorType] = {}
+        for name, arr in consts.items():
+            types[name] = (dtypes.from_numpy(arr.dtype), tuple(arr.shape))
+        for vi in [*inferred.input, *inferred.value_info, *inferred.output]:
+            if vi.name not in types:
+                types[vi.name] = _static_type(vi)
+        nodes = []
+        for i, proto in enumerate(inferred.node):
+            attrs = {a.name: attr_value(a) for a in proto.attribute}
+            if proto.op_type in OPSET_DEPENDENT and proto.domain in ("", "ai.onnx"):
+                attrs["_opset"] = opset
+            node = Node(proto.op_type, list(proto.input), list(proto.output), attrs,
+                        proto.name or f"{proto.op_type}_{i}", proto.domain)
+            for out in node.outputs:
+                if out and out not in types:
+                    raise errors.Fail(f"NpuSim compiler: no shape could be inferred for tensor "
+                                      f"{out!r} (output of node {node.name!r})")
+            nodes.append(node)
+        inputs = [vi.name for vi in inferred.input if vi.name not in consts]
+        outputs = [vi.name for vi in inferred.output]
+        return cls(nodes, inputs, outputs, consts, types, opset)
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def consumers(self, name: str) -> list[Node]:
+        """Nodes reading tensor ``name``, in graph order."""
+        return [n for n in self.nodes if name in n.inputs]
+
+    def producer(self, name: str) -> Node | None:
+        """The node writing tensor ``name`` (None for inputs and constants)."""
+        return next((n for n in self.nodes if name in n.outputs), None)
+
+    def only_consumer(self, name: str) -> Node | None:
+        """The single node reading ``name`` if it has exactly one reader and is not an output."""
+        if name in self.outputs:
+            return None
+        readers = self.consumers(name)
+        if len(readers) != 1 or readers[0].inputs.count(name) != 1:
+            return None
+        return readers[0]
+
+    def const(self, name: str) -> np.ndarray | None:
+        """The value of ``name`` if it is a constant."""
+        return self.consts.get(name) if name else None
+
+    def add_const(self, name: str, value: np.ndarray) -> str:
+        """Add a constant under a fresh name derived from ``name``; returns the name used."""
+        unique, k = name, 0
+        while unique in self.types:
+            k += 1
+            unique = f"{name}_{k}"
+        value = np.ascontiguousarray(value)
+        self.consts[unique] = value
+        self.types[unique] = (dtypes.from_numpy(value.dtype), tuple(value.shape))
+        return unique
+
+    def remove_dead(self) -> int:
+        """Drop nodes none of whose outputs are read or are graph outputs; drop unused consts."""
+        removed = 0
+        changed = True
+        while changed:
+            changed = False
+            used = set(self.outputs)
+            for n in self.nodes:
+                used.update(n.inputs)
+            keep = [n for n in self.nodes if any(o in used for o in n.outputs if o)]
+            if len(keep) != len(self.nodes):
+                removed += len(self.nodes) - len(keep)
+                self.nodes = keep
+                changed = True
+        used = set(self.outputs)
+        for n in self.nodes:
+            used.update(n.inputs)
+        for name in [c for c in self.consts if c not in used]:
+            del self.consts[name]
+        return removed
+
+
+def attr_value(attr: onnx.AttributeProto) -> Any:
+    """An ONNX attribute as plain python: lists become tuples, strings str, tensors numpy."""
+    value = helper.get_attribute_value(attr)
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value)
+    if isinstance(value, list):
+        return tuple(v.decode("utf-8") if isinstance(v, bytes) else v for v in value)
+    return value
+
+
+def _infer(
+    graph: onnx.GraphProto,
+    opset_imports: Sequence[onnx.OperatorSetIdProto],
+    overrides: Mapping[str, int],
+) -> onnx.GraphProto:
+    """The graph with overridden dims fixed and every intermediate's type inferred."""
+    graph_copy = onnx.GraphProto()
+    graph_copy.CopyFrom(graph)
+    for vi in [*graph_copy.input, *graph_copy.output]:
+        if not vi.type.HasField("tensor_type"):
+            continue
+        for dim in vi.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param") and dim.dim_param in overrides:
+                dim.dim_value = int(overrides[dim.dim_param])
+    del graph_copy.value_info[:]
+    model = helper.make_model(graph_copy, opset_imports=list(opset_imports))
+    try:
+        model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
+        raise errors.InvalidGraph(f"NpuSim compiler: shape inference failed: {exc}") from None
+    return model.graph
+
+
+def _static_type(vi: onnx.ValueInfoProto) -> TensorType:
+    """``(dtype, shape)`` of a value info; a symbolic or unknown dim raises Fail."""
+    tt = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+        raise errors.Fail(f"NpuSim compiler: tensor {vi.name!r} has no static shape")
+    shape = []
+    for dim in tt.shape.dim:
+        if not dim.HasField("dim_value"):
+            what = dim.dim_param or "unknown"
+            raise errors.Fail(
+                f"NpuSim compiler: tensor {vi.name!r} has symbolic dimension {what!r}; "
+                f"give it a value with a provider option {{{what!r}: '<int>'}}"
+            )
+        shape.append(dim.dim_value)
+    try:
+        dtype = dtypes.from_onnx(tt.elem_type)
+    except Exception:
+        raise errors.Fail(f"NpuSim compiler: tensor {vi.name!r} has element type "
+                          f"{tt.elem_type}, which the device does not support") from None
+    return dtype, tuple(shape)
+
+
+def run_node(node: Node, values: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """Run one node on the device's kernel (values only, no timing)."""
+    kernel = npu_kernels.lookup(node.op, node.name)
+    return list(kernel.values(list(values), node.attrs))
+
+
+def evaluate(graph: SubGraph, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Run ``graph`` on the device's kernels; ``feeds`` in ``graph.inputs`` order."""
+    env: dict[str, np.ndarray] = dict(graph.consts)
+    env.update(zip(graph.inputs, feeds, strict=True))
+    for node in graph.nodes:
+        outs = run_node(node, [env[i] if i else None for i in node.inputs])
+        env.update(zip(node.outputs, outs, strict=False))
+    return [env[o] for o in graph.outputs]

@@ -1,0 +1,143 @@
+"""Lowering: the optimized :class:`~.ir.SubGraph` as tensors and kernel launches.
+
+Every remaining node becomes one launch (op type, input/output tensor indices, attributes as
+plain data: tuples rather than lists, python scalars rather than numpy ones), in graph order,
+which is topological; launch ``i`` runs at *step* ``i`` of the memory plan.
+
+Views do not launch anything. ``Reshape``, ``Flatten``, ``Squeeze``, ``Unsqueeze``, ``Identity``
+and ``Dropout`` (inference, mask unused) produce the same bytes as their input, so their output
+tensor *aliases* its input: it gets the input's storage, and the storage lives until the last
+reader of any alias. The memory plan therefore works on *buffers* (an activation and its views)
+rather than on tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from npu_sim import dtypes
+from npu_sim.dtypes import TensorSpec
+
+from ... import errors
+from .ir import SubGraph
+
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
+
+
+@dataclass(frozen=True)
+class LoweredTensor:
+    """A tensor of the lowered graph. ``buffer`` is its storage: itself unless it is a view."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    is_const: bool
+    buffer: int
+
+    @property
+    def spec(self) -> TensorSpec:
+        return TensorSpec(self.shape, self.dtype)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A kernel launch in tensor indices; ``-1`` marks an omitted optional input."""
+
+    op: str
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    attrs: dict[str, Any]
+    node: str
+
+
+@dataclass
+class Lowered:
+    """Tensors (indexed), launches in execution order, graph inputs/outputs, constant values."""
+
+    tensors: list[LoweredTensor]
+    launches: list[Launch]
+    inputs: list[int]
+    outputs: list[int]
+    consts: dict[int, np.ndarray]
+    views: int = 0
+    index: dict[str, int] = field(default_factory=dict)
+
+
+def lower(graph: SubGraph) -> Lowered:
+    """Turn ``graph`` into indexed tensors and launches, aliasing views to their input."""
+    tensors: list[LoweredTensor] = []
+    index: dict[str, int] = {}
+    consts: dict[int, np.ndarray] = {}
+
+    def tensor(name: str, buffer: int | None = None) -> int:
+        if name in index:
+            return index[name]
+        dtype, shape = graph.types[name]
+        i = len(tensors)
+        tensors.append(LoweredTensor(name, dtype, shape, name in graph.consts,
+                                     i if buffer is None else buffer))
+        index[name] = i
+        if name in graph.consts:
+            consts[i] = graph.consts[name]
+        return i
+
+    for name in graph.inputs:
+        tensor(name)
+    launches: list[Launch] = []
+    views = 0
+    for node in graph.nodes:
+        if _is_view(graph, node):
+            src = tensor(node.inputs[0])
+            tensor(node.outputs[0], buffer=tensors[src].buffer)
+            views += 1
+            continue
+        ins = tuple(tensor(i) if i else -1 for i in node.inputs)
+        outs = tuple(tensor(o) for o in node.outputs if o)
+        if node.domain not in ("", "ai.onnx"):
+            raise errors.NotImplemented(f"NpuSim compiler: node {node.name!r} is {node.op} of "
+                                        f"domain {node.domain!r}; only the ONNX domain lowers")
+        launches.append(Launch(node.op, ins, outs, plain_attrs(node.name, node.attrs), node.name))
+    outputs = [tensor(o) for o in graph.outputs]
+    return Lowered(tensors, launches, [index[n] for n in graph.inputs], outputs, consts,
+                   views, index)
+
+
+def _is_view(graph: SubGraph, node: Any) -> bool:
+    """Whether ``node`` only reinterprets its (non-constant) input's bytes."""
+    if node.op not in VIEW_OPS or node.domain not in ("", "ai.onnx"):
+        return False
+    if node.inputs[0] in graph.consts or not node.outputs[0]:
+        return False
+    if node.op == "Dropout" and len(node.outputs) > 1 and node.outputs[1]:
+        used = node.outputs[1] in graph.outputs or graph.consumers(node.outputs[1])
+        if used:
+            return False
+    return graph.types[node.inputs[0]][0] == graph.types[node.outputs[0]][0]
+
+
+def plain_attrs(node: str, attrs: dict[str, Any]) -> dict[str, Any]:
+    """Attributes as plain data (int, float, str, bytes, tuples of those), sorted by name."""
+    return {key: _plain(node, key, value) for key, value in sorted(attrs.items())}
+
+
+def _plain(node: str, key: str, value: Any) -> Any:
+    if isinstance(value, (bool, np.bool_)):
+        return int(value)
+    if isinstance(value, (int, float, str, bytes)):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (tuple, list)):
+        return tuple(_plain(node, key, v) for v in value)
+    raise errors.NotImplemented(
+        f"NpuSim compiler: attribute {key!r} of node {node!r} is a {type(value).__name__}; "
+        f"a launch takes int, float, str, bytes or tuples of them"
+    )
+
+
+def nbytes(t: LoweredTensor) -> int:
+    """Bytes of tensor ``t``."""
+    return int(np.prod(t.shape, dtype=np.int64)) * dtypes.itemsize(t.dtype)
