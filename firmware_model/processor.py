@@ -364,6 +364,8 @@ class Firmware:
         if prog is None:
             raise _Fault(Status.INVALID_LAUNCH, f"KERNEL launch {cmd.launch} submitted without "
                                                 "a loaded program")
+        if not prog.loaded:
+            raise _Fault(Status.INVALID_LAUNCH, f"program {prog.program.name!r} was unloaded")
         launches = prog.program.launches
         if cmd.launch >= len(launches):
             raise _Fault(Status.INVALID_LAUNCH, f"launch index {cmd.launch} out of range; program "
