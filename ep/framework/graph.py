@@ -109,12 +109,17 @@ class GraphView:
                 )
         if overrides:
             _apply_dim_overrides(model.graph, overrides)
-        model = _infer_shapes(model)
+        graph = model.graph
+        available = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+        order, node_inputs = _toposort(graph, available)
+        nodes = [copy.deepcopy(graph.node[k]) for k in order]
+        del graph.node[:]
+        graph.node.extend(nodes)  # sorted before inference, which walks nodes in file order
         view = cls()
-        view._build(model)
+        view._build(_infer_shapes(model), [node_inputs[k] for k in order])
         return view
 
-    def _build(self, model: onnx.ModelProto) -> None:
+    def _build(self, model: onnx.ModelProto, node_inputs: list[list[str]]) -> None:
         self.model = model
         self.graph = model.graph
         self.assigned = frozenset()
@@ -122,11 +127,7 @@ class GraphView:
         self.inputs = [i.name for i in self.graph.input if i.name not in self.initializers]
         self.outputs = [o.name for o in self.graph.output]
         self._opsets = {_domain(o.domain): o.version for o in model.opset_import}
-        order, node_inputs = _toposort(self.graph, set(self.inputs) | set(self.initializers))
-        nodes = [copy.deepcopy(self.graph.node[k]) for k in order]
-        self._node_inputs = [node_inputs[k] for k in order]
-        del self.graph.node[:]
-        self.graph.node.extend(nodes)
+        self._node_inputs = node_inputs
         self.nodes = list(self.graph.node)
         self.names = _unique_names(self.nodes)
         for node, name in zip(self.nodes, self.names, strict=True):
