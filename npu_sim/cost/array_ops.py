@@ -4,8 +4,9 @@ Each op becomes ``items`` identical GEMMs of ``rows x cols`` outputs over ``red`
 steps: the groups of a convolution, or the batch of a MatMul whose right operand is batched
 (when it is not, the batch folds into the rows). Two multi-core schedules are priced and the
 faster is kept: *row split* (every GEMM's output rows are split over the cores, which all share
-the broadcast weights) and *item split* (each core takes whole GEMMs). A grouped convolution
-may also run on the vector units (one MAC per lane per cycle) when that beats thin GEMMs.
+the broadcast weights) and *item split* (each core takes whole GEMMs). A third candidate runs
+the MACs on the vector units (one per lane per cycle): it wins for GEMMs too thin for the array
+(depthwise convolutions, a single output channel).
 Vector work fused onto the array's output (a fused ``activation``, ConvTranspose's col2im
 accumulation) runs on the vector unit in parallel with the array: compute is the larger.
 """
@@ -43,7 +44,6 @@ class GemmWork:
     out_item: int
     post_work: float  # vector lane-cycles overlapped with the array, total over items
     names: tuple[str, str]
-    grouped: bool = False
 
     @property
     def macs(self) -> int:
@@ -63,6 +63,12 @@ def _post(config: DeviceConfig, w: GemmWork, share: float) -> int:
     return math.ceil(w.post_work * share / config.vector_lanes - 1e-9) if w.post_work else 0
 
 
+def _refetch(w: GemmWork, hbm_bytes: int) -> float:
+    """HBM bytes over the bytes of every operand moved once (1.0 when nothing was re-fetched)."""
+    ideal = w.items * (w.a_bytes + w.b_bytes) + w.fixed_bytes
+    return hbm_bytes / ideal if hbm_bytes > ideal else 1.0
+
+
 def _array(config: DeviceConfig, w: GemmWork, cores: int, split_rows: bool) -> Cost:
     if split_rows:
         used = max(1, min(cores, w.rows))
@@ -70,28 +76,36 @@ def _array(config: DeviceConfig, w: GemmWork, cores: int, split_rows: bool) -> C
     else:
         used = max(1, min(cores, w.items))
         rows, per_core_items, share_cores = w.rows, -(-w.items // used), 1
-    traffic = tiled_traffic(config, w.a_bytes, w.b_bytes, 0, share_cores, w.names)
+    traffic = tiled_traffic(config, w.a_bytes, w.b_bytes, share_cores, w.names)
     array = per_core_items * gemm_cycles(config, rows, w.cols, w.red, w.dtype)
     share = (rows * per_core_items) / (w.rows * w.items) if w.macs else 0.0
     first, last = _tiles(config, w, rows)
+    hbm = w.items * traffic.hbm_bytes + w.fixed_bytes
     return make_cost(
-        config, compute=max(array, _post(config, w, share)),
-        hbm_bytes=w.items * traffic.hbm_bytes + w.fixed_bytes, first_tile=first, last_tile=last,
-        engine="array", cores=used, macs=w.macs, refetch=traffic.refetch, notes=traffic.note,
+        config, compute=max(array, _post(config, w, share)), hbm_bytes=hbm, first_tile=first,
+        last_tile=last, engine="array", cores=used, macs=w.macs, refetch=_refetch(w, hbm),
+        notes=traffic.note,
     )
 
 
 def _vector(config: DeviceConfig, w: GemmWork, cores: int) -> Cost:
-    """A grouped convolution on the vector units: one MAC per lane per cycle, no refetch."""
-    outputs = w.items * w.rows * w.cols
-    used = max(1, min(cores, outputs))
-    share = -(-outputs // used) / outputs
+    """The op on the vector units: one MAC per lane per cycle, rows split over the cores.
+
+    Wins for thin GEMMs the array folds badly (depthwise convolutions, a single output
+    channel or row). The SRAM tiling, and so the traffic, is the row split's.
+    """
+    used = max(1, min(cores, w.rows))
+    rows = -(-w.rows // used)
+    share = rows / w.rows if w.macs else 0.0
+    traffic = tiled_traffic(config, w.a_bytes, w.b_bytes, used, w.names)
     compute = math.ceil(w.macs * share / config.vector_lanes - 1e-9) + _post(config, w, share)
-    first, last = _tiles(config, w, -(-w.rows // used))
+    first, last = _tiles(config, w, rows)
+    notes = "; ".join(n for n in (f"{w.items} GEMM(s) of {w.rows}x{w.cols}x{w.red} run on the "
+                                  "vector units (faster than array folds)", traffic.note) if n)
+    hbm = w.items * traffic.hbm_bytes + w.fixed_bytes
     return make_cost(
-        config, compute=compute, hbm_bytes=w.items * (w.a_bytes + w.b_bytes) + w.fixed_bytes,
-        first_tile=first, last_tile=last, engine="vector", cores=used, macs=w.macs,
-        notes=f"{w.items} groups of {w.cols} channel(s) run on the vector units",
+        config, compute=compute, hbm_bytes=hbm, first_tile=first, last_tile=last,
+        engine="vector", cores=used, macs=w.macs, refetch=_refetch(w, hbm), notes=notes,
     )
 
 
@@ -100,8 +114,7 @@ def price(config: DeviceConfig, w: GemmWork, cores: int) -> Cost:
     mac_rate(config, w.dtype, w.op)
     best = _array(config, w, cores, split_rows=True)
     candidates = [_array(config, w, cores, split_rows=False)] if w.items > 1 else []
-    if w.grouped:
-        candidates.append(_vector(config, w, cores))
+    candidates.append(_vector(config, w, cores))
     for cand in candidates:
         if cand.total_cycles < best.total_cycles:
             best = cand
@@ -181,7 +194,6 @@ def _conv(config, op, inputs, outputs, attrs, cores, x_i=0, w_i=1, extra=(2,)) -
         fixed_bytes=out.nbytes + present(inputs, extra), a_item=itemsize(x.dtype),
         b_item=itemsize(w.dtype), out_item=itemsize(out.dtype),
         post_work=out.size * _post_factor(op, attrs), names=("inputs", "weights"),
-        grouped=groups > 1,
     )
     return price(config, work, cores)
 

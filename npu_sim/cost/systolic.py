@@ -116,7 +116,6 @@ class Traffic:
     """HBM bytes of one tiled GEMM (or a run of identical ones) and why."""
 
     hbm_bytes: int
-    refetch: float
     note: str
 
 
@@ -124,29 +123,27 @@ def tiled_traffic(
     config: DeviceConfig,
     a_bytes: int,
     b_bytes: int,
-    fixed_bytes: int,
     cores: int,
     names: tuple[str, str] = ("inputs", "weights"),
 ) -> Traffic:
     """Bytes moved between HBM and SRAM for a GEMM whose ``A`` rows are split over ``cores``.
 
     ``a_bytes`` / ``b_bytes`` are the two operands (``B`` is broadcast to every core, so it
-    crosses HBM once per pass), ``fixed_bytes`` is what moves exactly once (outputs, bias,
-    quantisation parameters). A resident block of one operand may use half a core's SRAM (the
-    other half double-buffers the streamed tiles). If neither operand fits, the cheaper of two
-    tilings is taken: hold B blocks and stream A once per block, or hold A blocks (per core)
-    and stream B once per block.
+    crosses HBM once per pass); outputs and other once-moved bytes are the caller's. A resident
+    block of one operand may use half a core's SRAM (the other half double-buffers the streamed
+    tiles). If neither operand fits, the cheaper of two tilings is taken: hold B blocks and
+    stream A once per block, or hold A blocks (per core) and stream B once per block.
     """
-    ideal = a_bytes + b_bytes + fixed_bytes
+    ideal = a_bytes + b_bytes
     buf = config.sram_bytes_per_core // 2
     a_core = -(-a_bytes // max(cores, 1))
     b_blocks = -(-b_bytes // buf) or 1
     a_blocks = -(-a_core // buf) or 1
     hold_b = b_bytes + a_bytes * b_blocks
     hold_a = a_bytes + b_bytes * a_blocks
-    moved = min(hold_b, hold_a) + fixed_bytes
+    moved = min(hold_b, hold_a)
     if moved == ideal:
-        return Traffic(ideal, 1.0, "")
+        return Traffic(ideal, "")
     sram = format_bytes(config.sram_bytes_per_core)
     if hold_b <= hold_a:
         streamed, held, blocks, size = names[0], names[1], b_blocks, b_bytes
@@ -154,4 +151,4 @@ def tiled_traffic(
         streamed, held, blocks, size = names[1], f"{names[0]} per core", a_blocks, a_core
     note = (f"{streamed} re-fetched {blocks}x: {held} {format_bytes(size)} > SRAM buffer "
             f"{format_bytes(buf)} (half of {sram}, double-buffered)")
-    return Traffic(moved, moved / ideal, note)
+    return Traffic(moved, note)
