@@ -242,10 +242,17 @@ class Firmware:
 
         return load_program(self, program, functional=functional)
 
-    def stats(self) -> dict[str, int]:
-        """Counters: ``fw.commands`` completed, ``fw.faults`` (root faults), ``fw.cancelled``,
-        ``fw.doorbells``, ``fw.submissions``."""
-        return dict(self._counters)
+    def stats(self) -> dict[str, Any]:
+        """The device's counters plus the firmware's: ``fw.commands`` completed, ``fw.faults``
+        (fault completions other than CANCELLED), ``fw.cancelled``, ``fw.doorbells``,
+        ``fw.submissions``."""
+        return {**self.device.stats(), **self._counters}
+
+    def reset_stats(self) -> None:
+        """Zero the firmware's counters and the device's."""
+        self.device.reset_stats()
+        for key in self._counters:
+            self._counters[key] = 0
 
     # -- command processor --------------------------------------------------------------------
 

@@ -251,7 +251,11 @@ def test_poll_returns_completions_once_the_clock_has_run():
     got = fw.poll()
     assert [c.cmd_id for c in got] == [1, 2] and sub.done
     assert fw.poll() == []
-    assert fw.stats()["fw.commands"] == 2 and fw.stats()["fw.doorbells"] == 1
+    stats = fw.stats()
+    assert stats["fw.commands"] == 2 and stats["fw.doorbells"] == 1
+    assert stats["device.cycles"] == dev.now  # the device's counters come along
+    fw.reset_stats()
+    assert fw.stats()["fw.commands"] == 0
 
 
 def test_submit_rejects_a_bad_queue():
