@@ -26,6 +26,7 @@ MAX_OPSET = 23
 FLOATS = ("float32", "float16", "bfloat16")
 INTS = ("int8", "uint8", "int32", "int64")
 ALL = FLOATS + INTS
+_INFERRED = "unk__"  # prefix of the dim_params ONNX shape inference invents for unknown dims
 
 Check = Callable[[GraphView, int], "str | None"]
 
@@ -181,9 +182,9 @@ def _static(graph: GraphView, tensor: str, role: str) -> str | None:
     if shape is None:
         return f"unknown shape of {role} '{tensor}'; run shape inference or set dim overrides"
     for k, dim in enumerate(shape):
-        if isinstance(dim, str):
+        if isinstance(dim, str) and not dim.startswith(_INFERRED):
             return f"dynamic dimension '{dim}' on {role} '{tensor}'; set a dim override"
-        if dim is None:
+        if not isinstance(dim, int):
             return f"unknown dimension {k} on {role} '{tensor}'"
     return None
 
@@ -211,14 +212,15 @@ def _reason(graph: GraphView, i: int) -> str | None:
             return f"dtype {shown} of {role} '{tensor}' not supported; supported: " + ", ".join(
                 support.dtypes
             )
+    # Constant inputs first: a runtime shape or axes input is why the output shape is unknown.
+    if why := _require_constant(graph, node.input, support.const_inputs):
+        return why
     for tensor in node.input:
         if tensor and (why := _static(graph, tensor, "input")):
             return why
     for tensor in node.output:
         if tensor and (why := _static(graph, tensor, "output")):
             return why
-    if why := _require_constant(graph, node.input, support.const_inputs):
-        return why
     return support.check(graph, i) if support.check else None
 
 
@@ -233,9 +235,10 @@ def get_npu_capability(
 ) -> tuple[list[ComputeCapability], dict[int, str]]:
     """Groups of supported nodes not yet assigned, and a reason for every declined node.
 
-    Skips the nodes in ``assigned`` and in ``graph.assigned``. Supported nodes connected by a
-    tensor form one group (indices ascending, groups ordered by first node); the partitioner
-    splits a group that would create a cycle between partitions.
+    Skips the nodes in ``assigned`` and in ``graph.assigned``. Supported nodes joined by edges
+    (one produces a tensor the other reads; sharing only a graph input does not join) form one
+    group, indices ascending, groups ordered by first node. The partitioner splits a group
+    that would create a cycle between partitions.
     """
     taken = set(assigned) | set(graph.assigned)
     reasons: dict[int, str] = {}
