@@ -23,11 +23,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Union
 
 from npu_sim import dtypes
 
-AttrValue = Union[int, float, str, bytes, tuple[int, ...], tuple[float, ...], tuple[str, ...]]
+AttrValue = int | float | str | bytes | tuple[int, ...] | tuple[float, ...] | tuple[str, ...]
 
 REGION_SHIFT = 56
 OFFSET_MASK = (1 << REGION_SHIFT) - 1
