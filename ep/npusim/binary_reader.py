@@ -55,7 +55,7 @@ def _parse_header(view: memoryview, expected_architecture: str | None,
                   expected_config_digest: str | None) -> L.ContextHeader:
     size = len(view)
     head = bytes(view[: len(L.MAGIC)])
-    if head != L.MAGIC[: len(head)] or not head:
+    if head != L.MAGIC[: len(head)]:
         raise InvalidGraph(
             f"not an npu-sim context binary: magic {head!r}, expected {L.MAGIC!r}"
         )
@@ -190,6 +190,7 @@ class ContextBinary:
                  _mapping: mmap.mmap | None = None) -> None:
         self.source = source
         self._mapping = _mapping
+        self._closed = False
         view = memoryview(data).cast("B").toreadonly()
         self.header = _parse_header(view, expected_architecture, expected_config_digest)
         self.sections = _parse_sections(view, self.header)
@@ -206,7 +207,8 @@ class ContextBinary:
         self._programs = decoder.graphs()
         self.weights_summary = WeightsSummary(
             blobs=len(decoder.blobs), references=len(decoder.references),
-            referenced_bytes=sum(decoder.references), distinct_bytes=sum(decoder.blobs.values()),
+            referenced_bytes=sum(decoder.references),
+            distinct_bytes=sum(length for _, length in decoder.blobs),
             section_bytes=by_kind[L.SectionKind.WEIGHTS].length,
         )
 
@@ -243,10 +245,12 @@ class ContextBinary:
 
     def graph_names(self) -> list[str]:
         """The graph names, in file order."""
+        self._check_open()
         return list(self._programs)
 
     def program(self, name: str) -> Program:
         """The program of graph ``name``."""
+        self._check_open()
         try:
             return self._programs[name]
         except KeyError:
@@ -257,13 +261,19 @@ class ContextBinary:
 
     def programs(self) -> list[Program]:
         """Every program, in file order."""
+        self._check_open()
         return list(self._programs.values())
 
     def close(self) -> None:
         """Release the mapping (it stays alive while weight views are still referenced)."""
+        self._closed = True
         self._programs = {}
         mapping, self._mapping = self._mapping, None
         _release(mapping)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidGraph(f"context binary {self.source} is closed")
 
     def __enter__(self) -> ContextBinary:
         return self

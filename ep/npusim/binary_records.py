@@ -90,7 +90,7 @@ class Decoder:
         self.commands_view = body(L.SectionKind.COMMANDS)
         self.weights_view = body(L.SectionKind.WEIGHTS)
         self.graphs_view = body(L.SectionKind.GRAPHS)
-        self.blobs: dict[int, int] = {}
+        self.blobs: set[tuple[int, int]] = set()  # distinct (offset, length) references
         self.references: list[int] = []
 
     def string(self, index: int, where: str) -> str:
@@ -168,7 +168,7 @@ class Decoder:
                 f"{where}: blob at {offset} with length {length} must start at a multiple of "
                 f"{L.WEIGHT_ALIGN} and end by {len(self.weights_view)} (weights section size)"
             )
-        self.blobs[offset] = max(length, self.blobs.get(offset, 0))
+        self.blobs.add((offset, length))
         self.references.append(length)
         return self.weights_view[offset : offset + length]
 

@@ -1,0 +1,449 @@
+"""Context binary format: round trips, deduplication, zero-copy reads, corruption, atomic writes."""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import struct
+import tracemalloc
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ep.errors import InvalidArgument, InvalidGraph
+from ep.npusim import binary_layout as L
+from ep.npusim.binary import ContextBinary, pack_context, write_context_binary
+from ep.npusim.version import SDK_VERSION
+from firmware_model.program import OFFSET_MASK, KernelLaunch, Program, Region, TensorDesc
+from npu_sim import dtypes
+
+# -- strategies -------------------------------------------------------------------------------
+
+names = st.text(max_size=10)
+i64 = st.integers(-(2**63), 2**63 - 1)
+f64 = st.floats(allow_nan=False)
+attr_values = st.one_of(
+    i64, f64, names, st.binary(max_size=24),
+    st.lists(i64, max_size=5).map(tuple),
+    st.lists(f64, min_size=1, max_size=5).map(tuple),
+    st.lists(names, min_size=1, max_size=5).map(tuple),
+)
+# Weight contents drawn from a small pool so equal contents recur within and across graphs.
+weight_pool = st.lists(st.binary(max_size=1500), min_size=1, max_size=4)
+
+
+@st.composite
+def programs(draw, pool: list[bytes], name: str) -> Program:
+    tensors = tuple(draw(st.lists(st.builds(
+        TensorDesc, name=names,
+        shape=st.lists(st.integers(0, 2**40), max_size=4).map(tuple),
+        dtype=st.sampled_from(dtypes.DTYPES), region=st.sampled_from(list(Region)),
+        offset=st.integers(0, OFFSET_MASK),
+    ), min_size=1, max_size=6)))
+    n = len(tensors)
+    index = st.integers(0, n - 1)
+    optional = st.integers(-1, n - 1)
+    launches = tuple(draw(st.lists(st.builds(
+        KernelLaunch, op=names, node=names,
+        inputs=st.lists(optional, max_size=4).map(tuple),
+        outputs=st.lists(optional, max_size=3).map(tuple),
+        attrs=st.dictionaries(names, attr_values, max_size=8),
+    ), max_size=4)))
+    weights = draw(st.dictionaries(index, st.sampled_from(pool), max_size=n))
+    return Program(
+        name=name, tensors=tensors, launches=launches,
+        commands=draw(st.integers(0, 6).flatmap(lambda k: st.binary(min_size=64 * k,
+                                                                     max_size=64 * k))),
+        inputs=tuple(draw(st.lists(index, max_size=3))),
+        outputs=tuple(draw(st.lists(index, max_size=3))),
+        weights=weights, arena_bytes=draw(st.integers(0, 2**64 - 1)),
+        hardware_architecture=draw(st.sampled_from(["", "npu-m", "os32"])),
+    )
+
+
+@st.composite
+def program_sets(draw) -> list[Program]:
+    pool = draw(weight_pool)
+    graph_names = draw(st.lists(names, min_size=1, max_size=4, unique=True))
+    return [draw(programs(pool, name)) for name in graph_names]
+
+
+def address(buffer) -> int:
+    return np.frombuffer(buffer, np.uint8).__array_interface__["data"][0]
+
+
+# -- round trips ------------------------------------------------------------------------------
+
+
+@settings(max_examples=40)
+@given(program_sets())
+def test_round_trip_preserves_every_program(progs):
+    data = pack_context(progs, hardware_architecture="npu-m", config_digest="ab" * 32)
+    binary = ContextBinary.from_bytes(data)
+    assert binary.graph_names() == [p.name for p in progs]
+    assert binary.programs() == progs
+    for p in progs:
+        assert binary.program(p.name) == p
+    assert binary.header.hardware_architecture == "npu-m"
+    assert binary.header.config_digest == "ab" * 32
+    assert binary.header.sdk_version == SDK_VERSION
+    assert binary.header.file_size == len(data)
+
+
+@settings(max_examples=40)
+@given(program_sets())
+def test_weights_are_deduplicated_aligned_views(progs):
+    data = pack_context(progs, hardware_architecture="npu-m")
+    binary = ContextBinary.from_bytes(data)
+    base = address(data)
+    where: dict[bytes, set[int]] = {}
+    for p in binary.programs():
+        for blob in p.weights.values():
+            assert isinstance(blob, memoryview) and blob.readonly
+            offset = address(blob) - base
+            assert 0 <= offset and offset + len(blob) <= len(data)
+            if len(blob):
+                assert offset % 512 == 0
+                where.setdefault(bytes(blob), set()).add(offset)
+    # Each distinct non-empty content is stored at exactly one place.
+    assert all(len(offsets) == 1 for offsets in where.values())
+    distinct = {bytes(w) for p in progs for w in p.weights.values()}
+    summary = binary.weights_summary
+    assert summary.blobs == len(distinct)
+    assert summary.distinct_bytes == sum(map(len, distinct))
+    assert summary.referenced_bytes == sum(len(w) for p in progs for w in p.weights.values())
+    assert summary.section_bytes < summary.distinct_bytes + 512 * max(summary.blobs, 1)
+
+
+def sample_programs() -> list[Program]:
+    """Two graphs sharing a weight, with every attribute type and a command stream."""
+    t = (
+        TensorDesc("x", (1, 8), "float32", Region.ARENA, 0),
+        TensorDesc("w", (8, 8), "float32", Region.WEIGHTS, 0),
+        TensorDesc("b", (8,), "float16", Region.WEIGHTS, 512),
+        TensorDesc("y", (1, 8), "float32", Region.ARENA, 64),
+    )
+    attrs = {"alpha": 0.5, "axis": -1, "mode": "same", "blob": b"\x00\x01", "pads": (0, 1),
+             "scales": (1.5, 2.0), "names": ("a", "b")}
+    w = np.arange(64, dtype=np.float32).tobytes()
+    launch = KernelLaunch("Gemm", (0, 1, 2), (3,), attrs, node="gemm_0")
+    from firmware_model import commands as fc
+
+    stream = fc.pack([fc.Dma(1, 0x0100000000000000, 0x0100000000000040, 32),
+                      fc.Kernel(2, 0, 0, deps=(1,))])
+    first = Program("graph_a", t, (launch,), stream, (0,), (3,),
+                    {1: w, 2: bytes(16)}, 128, "npu-m")
+    second = Program("graph_b", t, (launch,), stream, (0,), (3,),
+                     {1: w, 2: b"\x01" * 16}, 128, "npu-m")
+    return [first, second]
+
+
+@pytest.fixture(scope="module")
+def sample() -> bytes:
+    return pack_context(sample_programs(), hardware_architecture="npu-m",
+                        config_digest="0f" * 32)
+
+
+def test_open_maps_the_file_and_weights_are_views_into_the_mapping(tmp_path, sample):
+    path = tmp_path / "model_npusim.bin"
+    write_context_binary(path, sample_programs(), hardware_architecture="npu-m",
+                         config_digest="0f" * 32)
+    assert path.read_bytes() == sample
+    binary = ContextBinary.open(path, expected_architecture="npu-m")
+    a, b = binary.program("graph_a"), binary.program("graph_b")
+    assert [a, b] == sample_programs()
+    wa, wb = a.weights[1], b.weights[1]
+    assert isinstance(wa.obj, mmap.mmap) and wa.readonly
+    # The shared weight is one region of the mapping, not two copies.
+    assert np.shares_memory(np.frombuffer(wa, np.uint8), np.frombuffer(wb, np.uint8))
+    np.testing.assert_array_equal(np.frombuffer(wa, np.float32), np.arange(64))
+    binary.close()  # views still alive: the mapping outlives close() until they are dropped
+    assert np.frombuffer(wa, np.float32)[5] == 5.0
+    with pytest.raises(InvalidGraph, match="closed"):
+        binary.program("graph_a")
+
+
+def test_context_manager_closes(tmp_path, sample):
+    path = tmp_path / "m.bin"
+    path.write_bytes(sample)
+    with ContextBinary.open(path) as binary:
+        assert binary.graph_names() == ["graph_a", "graph_b"]
+    with pytest.raises(InvalidGraph, match="closed"):
+        binary.programs()
+
+
+# -- specific errors --------------------------------------------------------------------------
+
+
+def reseal(data: bytes | bytearray) -> bytes:
+    """Recompute every checksum, so a patched field is caught by structural validation alone."""
+    data = bytearray(data)
+    fields = L.HEADER.unpack_from(data, 0)
+    count, table = fields[5], fields[6]
+    for i in range(count):
+        at = table + i * L.SECTION.size
+        if at + L.SECTION.size > len(data):
+            break
+        _, _, offset, length, _ = L.SECTION.unpack_from(data, at)
+        if offset + length <= len(data):
+            data[at + 24 : at + 56] = hashlib.sha256(data[offset : offset + length]).digest()
+    table_end = min(len(data), table + count * L.SECTION.size)
+    struct.pack_into("<I", data, L.HEADER.size - 4, zlib.crc32(data[table:table_end]))
+    struct.pack_into("<I", data, L.HEADER_CRC_OFFSET, 0)
+    struct.pack_into("<I", data, L.HEADER_CRC_OFFSET, zlib.crc32(data[: L.HEADER_SIZE]))
+    return bytes(data)
+
+
+def sections_of(data: bytes) -> dict[str, L.SectionEntry]:
+    return {s.kind_name: s for s in ContextBinary.from_bytes(data).sections}
+
+
+def test_wrong_magic(sample):
+    with pytest.raises(InvalidGraph, match=r"not an npu-sim context binary: magic b'ONNXSIMC'"):
+        ContextBinary.from_bytes(b"ONNXSIMC" + sample[8:])
+
+
+def test_newer_format_version(sample):
+    data = bytearray(sample)
+    struct.pack_into("<HH", data, 8, 2, 0)
+    with pytest.raises(InvalidGraph) as info:
+        ContextBinary.from_bytes(reseal(data))
+    assert info.value.message == "format version 2.0 is newer than this SDK supports (1.x)"
+
+
+def test_newer_minor_version_with_an_unknown_section_is_accepted(sample):
+    """A minor bump may add section kinds; a 1.0 reader checks and skips them."""
+    data = bytearray(sample)
+    struct.pack_into("<HH", data, 8, 1, 7)
+    sections = sections_of(sample)
+    table = L.HEADER_SIZE
+    # Re-label the weights section as an unknown kind: the reader must then miss "weights".
+    at = table + 4 * L.SECTION.size
+    struct.pack_into("<I", data, at, 99)
+    with pytest.raises(InvalidGraph, match="required sections missing: weights"):
+        ContextBinary.from_bytes(reseal(data))
+    struct.pack_into("<I", data, at, int(L.SectionKind.WEIGHTS))
+    assert ContextBinary.from_bytes(reseal(data)).header.format_version == (1, 7)
+    assert sections["weights"].offset % 512 == 0
+
+
+def test_wrong_architecture(sample):
+    with pytest.raises(InvalidGraph, match="compiled for hardware architecture 'npu-m', this "
+                                           "device is 'npu-s'"):
+        ContextBinary.from_bytes(sample, expected_architecture="npu-s")
+    assert ContextBinary.from_bytes(sample, expected_architecture="npu-m")
+
+
+def test_wrong_config_digest(sample):
+    with pytest.raises(InvalidGraph, match="compiled for device config '0f0f"):
+        ContextBinary.from_bytes(sample, expected_config_digest="ee" * 32)
+    assert ContextBinary.from_bytes(sample, expected_config_digest="0f" * 32)
+
+
+def test_other_sdk_major_version():
+    data = pack_context(sample_programs(), hardware_architecture="npu-m", sdk_version="3.2.1")
+    with pytest.raises(InvalidGraph, match=rf"built by SDK 3.2.1, this SDK is {SDK_VERSION}: "
+                                           "major versions must match"):
+        ContextBinary.from_bytes(data)
+    same_major = pack_context(sample_programs(), hardware_architecture="npu-m",
+                              sdk_version="0.9.4")
+    assert ContextBinary.from_bytes(same_major).header.sdk_version == "0.9.4"
+
+
+@pytest.mark.parametrize("kind", ["strings", "graphs", "programs", "commands", "weights"])
+def test_bad_section_checksum_names_the_section(sample, kind):
+    entry = sections_of(sample)[kind]
+    data = bytearray(sample)
+    data[entry.offset + entry.length - 1] ^= 0x40
+    with pytest.raises(InvalidGraph, match=rf"checksum mismatch in section #\d \({kind}\)"):
+        ContextBinary.from_bytes(bytes(data))
+
+
+def test_bad_header_checksum(sample):
+    data = bytearray(sample)
+    data[100] ^= 1  # inside the architecture field
+    with pytest.raises(InvalidGraph, match="header checksum mismatch"):
+        ContextBinary.from_bytes(bytes(data))
+
+
+def test_truncated_file_says_expected_and_actual_size(sample):
+    cut = len(sample) - 10
+    with pytest.raises(InvalidGraph) as info:
+        ContextBinary.from_bytes(sample[:cut])
+    assert info.value.message == (
+        f"truncated context binary: header says {len(sample)} bytes, file has {cut}"
+    )
+
+
+def test_unknown_graph_lists_the_names(sample):
+    binary = ContextBinary.from_bytes(sample)
+    with pytest.raises(InvalidGraph, match=r"no graph named 'nope'.*\['graph_a', 'graph_b'\]"):
+        binary.program("nope")
+
+
+def test_malformed_attribute_tag():
+    launch = KernelLaunch("Relu", (), (), {"k": 1})
+    program = Program("g", (), (launch,), b"", (), (), {}, 0)
+    data = bytearray(pack_context([program], hardware_architecture="npu-m"))
+    tag_at = sections_of(bytes(data))["programs"].offset + L.PROGRAM.size + L.LAUNCH.size + 4
+    assert data[tag_at] == L.AttrTag.INT
+    data[tag_at] = 42
+    with pytest.raises(InvalidGraph, match=r"malformed attribute tag 42; valid tags are 1 \(INT\)"):
+        ContextBinary.from_bytes(reseal(data))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(InvalidGraph, match="cannot open context binary"):
+        ContextBinary.open(tmp_path / "absent.bin")
+
+
+def test_empty_file(tmp_path):
+    path = tmp_path / "empty.bin"
+    path.write_bytes(b"")
+    with pytest.raises(InvalidGraph, match="truncated context binary: 0 bytes"):
+        ContextBinary.open(path)
+
+
+# -- corruption -------------------------------------------------------------------------------
+
+
+def test_every_single_byte_flip_is_detected(sample):
+    """Every byte of a valid file is covered by a checksum or a padding check."""
+    data = bytearray(sample)
+    for i in range(len(data)):
+        data[i] ^= 0xFF
+        with pytest.raises(InvalidGraph):
+            ContextBinary.from_bytes(bytes(data))
+        data[i] ^= 0xFF
+
+
+@settings(max_examples=60)
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), min_size=1, max_size=4))
+def test_random_byte_flips_raise_invalid_graph(sample, flips):
+    data = bytearray(sample)
+    for position, mask in flips:
+        data[position % len(data)] ^= mask
+    if bytes(data) != sample:  # flips may cancel out
+        with pytest.raises(InvalidGraph):
+            ContextBinary.from_bytes(bytes(data))
+
+
+def test_truncation_anywhere_is_reported_as_truncation(sample):
+    boundaries = {0, 8, L.HEADER_SIZE}
+    for s in sections_of(sample).values():
+        boundaries |= {s.offset, s.offset + s.length}
+    for cut in sorted(set(range(len(sample))) | (boundaries - {len(sample)})):
+        with pytest.raises(InvalidGraph, match="truncated context binary"):
+            ContextBinary.from_bytes(sample[:cut])
+
+
+def patched(sample: bytes, kind: str | None, offset: int, fmt: str, value: int) -> bytes:
+    """``sample`` with ``value`` written at ``offset`` into section ``kind`` (or the file) and
+    every checksum recomputed."""
+    base = sections_of(sample)[kind].offset if kind else 0
+    data = bytearray(sample)
+    struct.pack_into(fmt, data, base + offset, value)
+    return reseal(data)
+
+
+HUGE_PATCHES = {
+    "section table length": (None, L.HEADER_SIZE + 16, "<Q", 2**63),
+    "section table offset": (None, L.HEADER_SIZE + 8, "<Q", 2**64 - 512),
+    "section count": (None, 20, "<I", 2**32 - 1),
+    "section table offset in header": (None, 24, "<Q", 2**62),
+    "string count": ("strings", 0, "<I", 2**32 - 1),
+    "string length": ("strings", 4, "<I", 2**32 - 1),
+    "graph count": ("graphs", 0, "<I", 2**32 - 1),
+    "graph record length": ("graphs", 4 + 16, "<Q", 2**63),
+    "program name id": ("graphs", 4, "<I", 2**32 - 1),
+    "commands length": ("programs", 24, "<Q", 2**63),
+    "tensor count": ("programs", 32, "<I", 2**32 - 1),
+    "launch count": ("programs", 36, "<I", 2**32 - 1),
+    "input count": ("programs", 40, "<I", 2**32 - 1),
+    "weight count": ("programs", 48, "<I", 2**32 - 1),
+    "tensor rank": ("programs", L.PROGRAM.size + 6, "<H", 2**16 - 1),
+    "tensor dtype": ("programs", L.PROGRAM.size + 4, "<B", 200),
+    "tensor region": ("programs", L.PROGRAM.size + 5, "<B", 9),
+}
+
+
+@pytest.mark.parametrize("field", sorted(HUGE_PATCHES))
+def test_huge_lengths_are_refused_before_allocating(sample, field):
+    data = patched(sample, *HUGE_PATCHES[field])
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidGraph):
+            ContextBinary.from_bytes(data)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * len(sample) + 256 * 1024
+
+
+@settings(max_examples=60)
+@given(st.data())
+def test_patched_and_resealed_metadata_never_escapes_invalid_graph(sample, data):
+    """Any u8/u32/u64 patched into a metadata section either still decodes or is refused."""
+    kind = data.draw(st.sampled_from(["strings", "graphs", "programs"]))
+    entry = sections_of(sample)[kind]
+    fmt = data.draw(st.sampled_from(["<B", "<I", "<Q"]))
+    offset = data.draw(st.integers(0, entry.length - struct.calcsize(fmt)))
+    value = data.draw(st.one_of(st.integers(0, 3), st.just(2 ** (8 * struct.calcsize(fmt)) - 1),
+                                st.integers(0, 2 ** (8 * struct.calcsize(fmt)) - 1)))
+    try:
+        ContextBinary.from_bytes(patched(sample, kind, offset, fmt, value))
+    except InvalidGraph:
+        pass
+
+
+# -- writer input and atomic writes -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"name": "graph_a"}, "graph name 'graph_a' appears more than once"),
+    ({"inputs": (9,)}, r"inputs: tensor index 9 is out of range \[0, 4\)"),
+    ({"weights": {7: b"x"}}, r"weights: tensor index 7 is out of range"),
+    ({"launches": (KernelLaunch("A", (), (), {"x": None}),)}, "NoneType is not an attribute"),
+    ({"launches": (KernelLaunch("A", (), (), {"x": (1, "a")}),)}, "only ints, only floats"),
+    ({"launches": (KernelLaunch("A", (), (), {"x": 2**63}),)}, "do not fit"),
+    ({"arena_bytes": -1}, "do not fit"),
+])
+def test_writer_refuses_bad_programs(change, message):
+    first, second = sample_programs()
+    bad = Program(**{**second.__dict__, **change})
+    with pytest.raises(InvalidArgument, match=message):
+        pack_context([first, bad], hardware_architecture="npu-m")
+
+
+def test_writer_refuses_bad_header_strings():
+    with pytest.raises(InvalidArgument, match="hardware_architecture"):
+        pack_context(sample_programs(), hardware_architecture="x" * 129)
+    with pytest.raises(InvalidArgument, match="sdk_version"):
+        pack_context(sample_programs(), hardware_architecture="npu-m", sdk_version="1\0")
+
+
+@pytest.mark.parametrize("failing", ["replace", "fsync"])
+def test_failed_write_leaves_no_file_and_keeps_the_old_one(tmp_path, monkeypatch, failing):
+    path = tmp_path / "model_npusim.bin"
+    path.write_bytes(b"previous contents")
+
+    def boom(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, failing, boom)
+    with pytest.raises(OSError, match="No space left"):
+        write_context_binary(path, sample_programs(), hardware_architecture="npu-m")
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ["model_npusim.bin"]
+    assert path.read_bytes() == b"previous contents"
+
+
+def test_bad_program_writes_nothing(tmp_path):
+    first, _ = sample_programs()
+    with pytest.raises(InvalidArgument):
+        write_context_binary(tmp_path / "m.bin", [first, first], hardware_architecture="npu-m")
+    assert os.listdir(tmp_path) == []
