@@ -210,6 +210,13 @@ def test_worked_example_on_os32():
     assert cost.overhead_cycles == 100 + (2 * 32 * 100 * 2) // 64 + (32 * 32 * 2) // 64  # 332
     assert cost.total_cycles == 648 + 332
     assert (cost.engine, cost.refetch, cost.cores, cost.notes) == ("array", 1.0, 1, "")
+    # The doc's second example: 2048x1024 @ 1024x256 holds B in 2 blocks and streams A twice.
+    big = matmul(OS32, 2048, 1024, 256)
+    assert big.compute_cycles == 64 * 8 * (1024 + 62)
+    assert big.total_cycles == 64 * 8 * (1024 + 62) + 100 + (2 * 32 * 1024 * 2) // 64 + 32
+    assert big.refetch == pytest.approx(9.5 / 5.5)
+    # ...and the first-layer convolution: Sr = 1024, Sc = 16, T = 27.
+    assert conv_cycles(OS32, 1, 3, 32, 32, 16, 3, 3, 1, 1) == 32 * 1 * (27 + 62)
 
 
 @given(m=st.integers(1, 2000), k=st.integers(1, 2000), n=st.integers(1, 2000))
