@@ -354,8 +354,16 @@ def transpose_window(
                 raise KernelError(
                     op, "", f"output_shape={list(attrs['output_shape'])} needs {rank} spatial dims"
                 )
+            if any(o >= f + s for o, f, s in zip(out, full, strides, strict=True)):
+                raise KernelError(
+                    op,
+                    "",
+                    f"output_shape {out} does not fit the input: each entry must be below the "
+                    f"full output {full} plus the stride {list(strides)}",
+                )
         else:
-            out = [i * s for i, s in zip(in_shape, strides, strict=True)]
+            # onnxruntime's rule: in * stride, but never beyond the full output
+            out = [min(i * s, f) for i, s, f in zip(in_shape, strides, full, strict=True)]
         # An output_shape beyond the full output crops nothing and leaves zeros (plus bias)
         # at the end, as onnxruntime does.
         total = [max(0, f - o) for f, o in zip(full, out, strict=True)]
