@@ -35,7 +35,7 @@ TensorType = tuple[str, tuple[int, ...]]
 
 # Ops whose result depends on the opset's definition, not only on attributes: their kernels take
 # the opset as the ``_opset`` attribute.
-OPSET_DEPENDENT = frozenset({"Softmax", "LogSoftmax", "Hardmax"})
+OPSET_DEPENDENT = frozenset({"Softmax", "LogSoftmax", "Hardmax", "Split"})
 
 
 @dataclass
@@ -83,6 +83,10 @@ class SubGraph:
             attrs = {a.name: attr_value(a) for a in proto.attribute}
             if proto.op_type in OPSET_DEPENDENT and proto.domain in ("", "ai.onnx"):
                 attrs["_opset"] = opset
+            if (proto.op_type == "Split" and "split" not in attrs and "num_outputs" not in attrs
+                    and (len(proto.input) < 2 or not proto.input[1])):
+                # The kernel cannot see how many outputs the node has: tell it.
+                attrs["num_outputs"] = len(proto.output)
             node = Node(proto.op_type, list(proto.input), list(proto.output), attrs,
                         proto.name or f"{proto.op_type}_{i}", proto.domain)
             for out in node.outputs:
@@ -177,12 +181,34 @@ def _infer(
             if dim.HasField("dim_param") and dim.dim_param in overrides:
                 dim.dim_value = int(overrides[dim.dim_param])
     del graph_copy.value_info[:]
+    ordered = _toposorted(graph_copy)
+    del graph_copy.node[:]
+    graph_copy.node.extend(ordered)
     model = helper.make_model(graph_copy, opset_imports=list(opset_imports))
     try:
         model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
         raise errors.InvalidGraph(f"NpuSim compiler: shape inference failed: {exc}") from None
     return model.graph
+
+
+def _toposorted(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The nodes in a topological order (stable: keeps the given order where it is valid)."""
+    known = {vi.name for vi in graph.input} | {t.name for t in graph.initializer} | {""}
+    pending = list(graph.node)
+    ordered: list[onnx.NodeProto] = []
+    while pending:
+        ready = [n for n in pending if all(i in known for i in n.input)]
+        if not ready:
+            missing = sorted({i for n in pending for i in n.input if i not in known})
+            raise errors.InvalidGraph(f"NpuSim compiler: the subgraph has a cycle or reads "
+                                      f"tensors nothing produces: {missing[:5]}")
+        ready_ids = {id(n) for n in ready}
+        pending = [n for n in pending if id(n) not in ready_ids]
+        for n in ready:
+            known.update(n.output)
+        ordered.extend(ready)
+    return ordered
 
 
 def _static_type(vi: onnx.ValueInfoProto) -> TensorType:
