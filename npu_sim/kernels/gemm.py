@@ -63,7 +63,9 @@ def fused_activation(y: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:
 
 def finish(y: np.ndarray, attrs: Mapping[str, Any], dtype: np.dtype) -> np.ndarray:
     """Fused activation in float32, then one rounding to the output ``dtype``."""
-    return np.ascontiguousarray(fused_activation(y, attrs).astype(dtype, copy=False))
+    out = np.asarray(fused_activation(y, attrs)).astype(dtype, copy=False)
+    # (np.ascontiguousarray would turn a 0-d result, 1-D @ 1-D, into shape (1,))
+    return out if out.flags.c_contiguous else out.copy(order="C")
 
 
 def matmul_shape(op: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[int, ...]:
