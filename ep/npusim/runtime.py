@@ -1,0 +1,127 @@
+"""The EP runtime: one simulated device per provider, and compiled nodes that run on it.
+
+:class:`NpuRuntime` owns one :class:`npu_sim.Device` and one
+:class:`firmware_model.Firmware` in front of it; every program the provider compiles (or loads
+from a context binary) is loaded there once. :class:`NpuSimCompiledNode` is what
+``NpuSimExecutionProvider.compile`` returns per fused node: built from a
+:class:`~firmware_model.program.Program` alone, so a program read back from a context binary
+runs through exactly the same path. Its :meth:`~NpuSimCompiledNode.run` moves the inputs through
+simulated DMA, runs the commands and returns the outputs; the runtime keeps the simulated
+latency and per-engine counters of the last run (:meth:`NpuRuntime.last_run_stats`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from firmware_model import Firmware, LoadedProgram, Program
+from npu_sim import Device, dtypes
+from npu_sim.config import DeviceConfig
+from npu_sim.errors import NpuSimError
+
+from .. import errors
+from ..framework.provider import CompiledNode
+
+
+class NpuRuntime:
+    """One simulated device + firmware shared by all of a provider's compiled nodes."""
+
+    def __init__(self, config: DeviceConfig, *, allocator: str = "best_fit",
+                 functional: bool = True) -> None:
+        self.config = config
+        self.functional = functional
+        self.device = Device(config, allocator=allocator)
+        self.firmware = Firmware(self.device)
+        self._last: dict[str, Any] = {}
+
+    def load(self, program: Program) -> LoadedProgram:
+        """Validate and place ``program`` on the device (weights uploaded once)."""
+        if program.hardware_architecture and program.hardware_architecture != self.config.name:
+            raise errors.InvalidArgument(
+                f"program {program.name!r} was compiled for {program.hardware_architecture!r}; "
+                f"this provider's device is {self.config.name!r}")
+        try:
+            return self.firmware.load(program, functional=self.functional)
+        except NpuSimError as exc:
+            raise errors.EPFail(f"NpuSim: cannot load program {program.name!r}: {exc}") from None
+
+    def run(self, name: str, loaded: LoadedProgram,
+            inputs: Sequence[np.ndarray] | None) -> list[np.ndarray | None]:
+        """Run a loaded program once and record its simulated latency and engine counters."""
+        before = self.firmware.stats()
+        start = self.device.now
+        try:
+            outputs = loaded.run(inputs, functional=self.functional)
+        except NpuSimError as exc:
+            raise errors.EPFail(f"NpuSim: running {name!r} failed: {exc}") from None
+        span = self.device.now - start
+        after = self.firmware.stats()
+        # hbm.* are gauges (bytes in use, fragmentation...): report them as they stand; the
+        # rest are counters: report what this run added.
+        delta = {k: v if k.startswith("hbm.") else v - before.get(k, 0) for k, v in after.items()
+                 if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self._last = _summarize(self.config, name, span, delta)
+        return outputs
+
+    def last_run_stats(self) -> dict[str, Any]:
+        """Latency (cycles, microseconds), utilization per engine and counters of the last run."""
+        return dict(self._last)
+
+
+def _summarize(config: DeviceConfig, name: str, span: int, delta: dict[str, float]) -> dict:
+    util: dict[str, float] = {}
+    for c in range(config.cores):
+        util[f"core.{c}"] = delta.get(f"core.{c}.busy_cycles", 0) / span if span else 0.0
+    for ch in range(config.dma_channels):
+        util[f"dma.{ch}"] = delta.get(f"dma.{ch}.busy_cycles", 0) / span if span else 0.0
+    return {
+        "node": name,
+        "cycles": span,
+        "microseconds": config.cycles_to_us(span),
+        "utilization": util,
+        "counters": delta,
+    }
+
+
+class NpuSimCompiledNode(CompiledNode):
+    """A fused node compiled to a Program and loaded on the provider's device.
+
+    ``input_names`` are the fused node's inputs in the order ``run`` receives them; the program
+    takes those of them that are not constants, matched by name.
+    """
+
+    def __init__(self, name: str, program: Program, runtime: NpuRuntime,
+                 input_names: Sequence[str] | None = None) -> None:
+        self.name = name
+        self.program = program
+        self.runtime = runtime
+        self.loaded = runtime.load(program)
+        names = [t.name for t in program.input_descs()]
+        given = list(input_names) if input_names is not None else names
+        missing = [n for n in names if n not in given]
+        if missing:
+            raise errors.InvalidGraph(f"NpuSim: program {program.name!r} needs inputs "
+                                      f"{missing} that fused node {name!r} does not provide")
+        self._positions = [given.index(n) for n in names]
+        self._n_inputs = len(given)
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Outputs (in the fused node's order) from the inputs (in its order).
+
+        In timing-only mode (provider option ``functional="0"``) no values are computed and
+        the outputs are zero-filled arrays of the right shapes and dtypes.
+        """
+        if len(inputs) != self._n_inputs:
+            raise errors.InvalidArgument(f"NpuSim node {self.name!r} takes {self._n_inputs} "
+                                         f"inputs, got {len(inputs)}")
+        feeds = [inputs[p] for p in self._positions]
+        outputs = self.runtime.run(self.name, self.loaded, feeds)
+        return [o if o is not None else np.zeros(t.shape, dtypes.to_numpy(t.dtype))
+                for o, t in zip(outputs, self.program.output_descs(), strict=True)]
+
+    def release(self) -> None:
+        """Free the program's device memory."""
+        self.loaded.unload()
