@@ -50,18 +50,21 @@ def ort_reference(
     opset: int = 17,
     constant_inputs: Sequence[int] = (),
     upcast_halves: bool = True,
+    keep_float32: Sequence[int] = (),
 ) -> list[np.ndarray]:
     """onnxruntime's outputs.
 
     With ``upcast_halves``, half-precision float inputs run as float32 and the float32 outputs
-    round back once (onnxruntime's CPU provider lacks most half kernels, and none for bfloat16).
+    (except those listed in ``keep_float32``, float32 by definition) round back once:
+    onnxruntime's CPU provider lacks most half kernels, and has none for bfloat16.
     """
     half = next((a.dtype for a in inputs if a is not None and a.dtype in HALF), None)
     if half is None or not upcast_halves:
         return run_ort(op, inputs, attrs, n_outputs, opset, constant_inputs=constant_inputs)
     up = [a.astype(np.float32) if a is not None and a.dtype in HALF else a for a in inputs]
     outs = run_ort(op, up, attrs, n_outputs, opset, constant_inputs=constant_inputs)
-    return [o.astype(half) if o.dtype == np.float32 else o for o in outs]
+    return [o.astype(half) if o.dtype == np.float32 and i not in keep_float32 else o
+            for i, o in enumerate(outs)]
 
 
 def assert_matches(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray],
@@ -89,13 +92,15 @@ def check_against_ort(op: str, inputs: Sequence[np.ndarray | None],
                       attrs: Mapping[str, Any] | None = None, *, n_outputs: int = 1,
                       opset: int = 17, constant_inputs: Sequence[int] = (),
                       kernel_attrs: Mapping[str, Any] | None = None,
-                      upcast_halves: bool = True) -> list[np.ndarray]:
+                      upcast_halves: bool = True, keep_float32: Sequence[int] = ()
+                      ) -> list[np.ndarray]:
     """Run kernel and onnxruntime on the same node and assert they agree; return the outputs.
 
     ``kernel_attrs`` are extra attributes only the kernel sees (``_opset``); ``upcast_halves``
-    as in :func:`ort_reference`.
+    and ``keep_float32`` as in :func:`ort_reference`.
     """
-    expected = ort_reference(op, inputs, attrs, n_outputs, opset, constant_inputs, upcast_halves)
+    expected = ort_reference(op, inputs, attrs, n_outputs, opset, constant_inputs, upcast_halves,
+                             keep_float32)
     actual = run_kernel(op, inputs, {**(attrs or {}), **(kernel_attrs or {})})
     assert_matches(actual, expected)
     return actual
