@@ -1,1 +1,47 @@
-"""ep: an execution provider in the shape of ONNX Runtime's, running on the simulated NPU."""
+"""ep: an execution provider in the shape of ONNX Runtime's, running on the simulated NPU.
+
+The public face mirrors ``onnxruntime``: :class:`InferenceSession`, :class:`SessionOptions`,
+:class:`ModelCompiler`, :func:`get_available_providers` and the errors named after ONNX Runtime's
+status codes, so code written for onnxruntime ports by changing the import.
+"""
+
+from .errors import (
+    EngineError,
+    EPFail,
+    Fail,
+    InvalidArgument,
+    InvalidGraph,
+    InvalidProtobuf,
+    ModelRequiresCompilation,
+    NoSuchFile,
+    NotFound,
+    NotImplemented,  # noqa: A004 - ONNX Runtime's name
+    OrtError,
+    RuntimeException,
+)
+from .framework.model_compiler import ModelCompiler, OrtCompileApiFlags
+from .framework.options import ExecutionMode, GraphOptimizationLevel, SessionOptions
+from .framework.session import InferenceSession, NodeArg, get_available_providers
+
+__all__ = [
+    "EPFail",
+    "EngineError",
+    "ExecutionMode",
+    "Fail",
+    "GraphOptimizationLevel",
+    "InferenceSession",
+    "InvalidArgument",
+    "InvalidGraph",
+    "InvalidProtobuf",
+    "ModelCompiler",
+    "ModelRequiresCompilation",
+    "NoSuchFile",
+    "NodeArg",
+    "NotFound",
+    "NotImplemented",
+    "OrtCompileApiFlags",
+    "OrtError",
+    "RuntimeException",
+    "SessionOptions",
+    "get_available_providers",
+]

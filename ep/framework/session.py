@@ -1,0 +1,453 @@
+"""``InferenceSession``: load a model, partition it across providers, compile, run.
+
+The class mirrors ``onnxruntime.InferenceSession`` (constructor, ``run``, ``get_inputs``,
+``get_outputs``, ``get_providers``, ``get_provider_options``, ``end_profiling``) so user code
+ports by changing the import. Creating a session:
+
+1. loads the model (from a path, with its external data from the model's folder; or from
+   bytes, with ``session.model_external_initializers_file_folder_path`` for external data);
+2. builds the providers (names, ``(name, options)`` pairs, or names plus ``provider_options``;
+   an :class:`~ep.framework.provider.ExecutionProvider` instance is accepted too, which is how
+   a provider written in Python joins a session); ``CPUExecutionProvider`` is always last;
+3. partitions the graph (:func:`~ep.framework.partitioner.partition`) and compiles every
+   partition on its provider; an ``EPContext`` node no provider takes is ``NotImplemented``;
+4. with ``ep.context_enable=1``, writes the EPContext model (:class:`~.epcontext.ContextWriter`).
+
+After a run, :meth:`InferenceSession.get_run_stats` reports each provider's counters (for the
+NPU: simulated cycles, microseconds, per-engine utilization), and
+:meth:`InferenceSession.get_node_assignment` / :meth:`InferenceSession.get_decline_reasons` say
+which provider runs each node and why the others declined it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import external_data_helper, helper
+
+from ..errors import (
+    EPFail,
+    Fail,
+    InvalidArgument,
+    InvalidProtobuf,
+    ModelRequiresCompilation,
+    NoSuchFile,
+)
+from ..errors import NotImplemented as OrtNotImplemented
+from .epcontext import ContextWriter, atomic_write, is_ep_context_node, parse_ep_context_node
+from .executor import PlanExecutor
+from .graph import GraphView
+from .options import (
+    DISABLE_MODEL_COMPILE,
+    EP_CONTEXT_ENABLE,
+    EXTERNAL_INITIALIZERS_FOLDER,
+    ProviderSpec,
+    SessionOptions,
+    config_flag,
+    make_providers,
+)
+from .partitioner import CPU, PartitionPlan, partition
+from .provider import CompiledNode, ExecutionProvider
+
+AVAILABLE_PROVIDERS = ["NpuSimExecutionProvider", "CPUExecutionProvider"]
+
+
+def get_available_providers() -> list[str]:
+    """The providers this package can build, in default priority order."""
+    if importlib.util.find_spec("ep.npusim.provider") is None:
+        return ["CPUExecutionProvider"]
+    return list(AVAILABLE_PROVIDERS)
+
+
+class InferenceSession:
+    """A model partitioned across execution providers, ready to run (see the module doc)."""
+
+    def __init__(
+        self,
+        path_or_bytes: str | os.PathLike[str] | bytes,
+        sess_options: SessionOptions | None = None,
+        providers: Sequence[ProviderSpec] | None = None,
+        provider_options: Sequence[Mapping[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        started = time.perf_counter()
+        self._sess_options = sess_options or SessionOptions()
+        config = self._sess_options.config_entries()
+        self._profiler = Profiler(self._sess_options)
+        model, self._model_path = load_model(path_or_bytes, config)
+        self._model = model
+        writer = ContextWriter(config, self._model_path) \
+            if config_flag(config, EP_CONTEXT_ENABLE) else None
+        provider_config = writer.provider_config() if writer else config
+        self._providers = make_providers(
+            get_available_providers() if providers is None else providers,
+            provider_options, provider_config, self._model_path,
+        )
+        self._graph = GraphView.from_model(model)
+        if writer is not None:
+            writer.check_source(self._graph)
+        self._plan = partition(self._graph, self._providers)
+        check_ep_context_taken(self._graph, self._plan, self._providers)
+        check_compile_allowed(self._graph, self._plan, config)
+        compiled = compile_plan(self._plan, self._providers, writer, self._profiler.wrap)
+        if writer is not None:
+            writer.write(model, self._graph, self._plan, self._providers)
+        self._executor = PlanExecutor(self._graph, self._plan, compiled)
+        self._profiler.event("session_initialization", "Session", started)
+
+    # -- onnxruntime's API --------------------------------------------------------------------
+
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
+            run_options: Any = None) -> list[np.ndarray]:
+        """Compute ``output_names`` (None or empty: every output) from ``input_feed``."""
+        started = time.perf_counter()
+        outputs = [o.name for o in self.get_outputs()]
+        wanted = list(output_names) if output_names else outputs
+        for name in wanted:
+            if name not in outputs:
+                raise InvalidArgument(f"Invalid output name:{name}")
+        feeds = check_feeds(self._graph, input_feed)
+        result = self._executor.run(feeds, wanted)
+        self._profiler.event("model_run", "Session", started)
+        return result
+
+    def get_inputs(self) -> list[NodeArg]:
+        """The graph inputs (initializers excluded), in order."""
+        return [node_arg(self._graph, name) for name in self._graph.inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        """The graph outputs, in order."""
+        return [node_arg(self._graph, name) for name in self._graph.outputs]
+
+    def get_overridable_initializers(self) -> list[NodeArg]:
+        """Initializers that are also graph inputs; feeding them is not supported: empty."""
+        return []
+
+    def get_providers(self) -> list[str]:
+        """The session's providers, in priority order (``CPUExecutionProvider`` last)."""
+        return [p.type for p in self._providers]
+
+    def get_provider_options(self) -> dict[str, dict[str, str]]:
+        """Each provider's options, as given."""
+        return {p.type: {str(k): str(v) for k, v in p.context.provider_options.items()}
+                for p in self._providers}
+
+    def get_session_options(self) -> SessionOptions:
+        """The options the session was created with."""
+        return self._sess_options
+
+    def get_modelmeta(self) -> dict[str, Any]:
+        """The model's producer, graph name, domain, version and metadata properties."""
+        m = self._model
+        return {"producer_name": m.producer_name, "graph_name": m.graph.name,
+                "domain": m.domain, "version": m.model_version,
+                "custom_metadata_map": {p.key: p.value for p in m.metadata_props}}
+
+    def end_profiling(self) -> str:
+        """Write the profile (ONNX Runtime's JSON format) and return its file name; ``""``
+        when profiling is off."""
+        return self._profiler.end(self.get_run_stats())
+
+    # -- what the simulator adds --------------------------------------------------------------
+
+    def get_node_assignment(self) -> dict[str, str]:
+        """Node name -> the provider that runs it."""
+        return dict(self._plan.assignment)
+
+    def get_decline_reasons(self) -> dict[str, dict[str, str]]:
+        """Node name -> {provider: why it declined} for nodes a provider did not take."""
+        return {k: dict(v) for k, v in self._plan.reasons.items()}
+
+    def get_partitions(self) -> list[dict[str, Any]]:
+        """The partitions in execution order: name, provider, node names, inputs, outputs."""
+        return [{"name": p.name, "provider": p.provider,
+                 "nodes": [self._graph.names[i] for i in p.nodes],
+                 "inputs": list(p.inputs), "outputs": list(p.outputs)}
+                for p in self._plan.partitions]
+
+    def get_run_stats(self) -> dict[str, Any]:
+        """Counters from the last run: per provider its ``run_stats()`` (simulated cycles,
+        microseconds and engine utilization for the NPU), plus wall time per partition."""
+        stats: dict[str, Any] = {p.type: dict(p.run_stats()) for p in self._providers
+                                 if p.run_stats()}
+        stats["partition_wall_us"] = self._profiler.last_partition_us()
+        return stats
+
+    @property
+    def model(self) -> onnx.ModelProto:
+        """The loaded model (external data loaded)."""
+        return self._model
+
+
+# -- construction steps (shared with ModelCompiler) -------------------------------------------
+
+
+def check_ep_context_taken(graph: GraphView, plan: PartitionPlan,
+                           providers: Sequence[ExecutionProvider]) -> None:
+    """An EPContext node left to the CPU provider has no implementation: ORT's error."""
+    available = ", ".join(p.type for p in providers)
+    for part in plan.by_provider(CPU):
+        for i in part.nodes:
+            node = graph.nodes[i]
+            if is_ep_context_node(node):
+                source = parse_ep_context_node(node).source or "<no source>"
+                raise OrtNotImplemented(
+                    f"Could not find an implementation for EPContext(1) node with name "
+                    f"'{node.name}'. EPContext node generated by '{source}' is not "
+                    "compatible with any execution provider added to the session. "
+                    f"Available session execution providers: [{available}]."
+                )
+
+
+def check_compile_allowed(graph: GraphView, plan: PartitionPlan,
+                          config: Mapping[str, str]) -> None:
+    """With ``session.disable_model_compile=1`` only precompiled (EPContext) partitions may go
+    to an EP: anything it would compile now is ``ModelRequiresCompilation``."""
+    if not config_flag(config, DISABLE_MODEL_COMPILE):
+        return
+    for part in plan.partitions:
+        if part.provider == CPU:
+            continue
+        fresh = [graph.names[i] for i in part.nodes if not is_ep_context_node(graph.nodes[i])]
+        if fresh:
+            raise ModelRequiresCompilation(
+                "The model requires compilation by an execution provider, but compilation "
+                f"was disabled via session options ({DISABLE_MODEL_COMPILE}=1): "
+                f"{part.provider} would compile nodes {fresh}. Load the EPContext model "
+                "made by ModelCompiler instead."
+            )
+
+
+def compile_plan(
+    plan: PartitionPlan, providers: Sequence[ExecutionProvider], writer: ContextWriter | None,
+    wrap: Callable[[CompiledNode, str, str], CompiledNode] | None = None,
+) -> dict[str, CompiledNode]:
+    """Compile every partition on its provider; partition name -> compiled node."""
+    compiled: dict[str, CompiledNode] = {}
+    for provider in providers:
+        parts = plan.by_provider(provider.type)
+        if not parts:
+            continue
+        fused = [plan.fused_node(p) for p in parts]
+        if writer is not None:
+            writer.name_fused(fused)
+        nodes = provider.compile(fused)
+        if len(nodes) != len(fused):
+            raise EPFail(f"{provider.type}.compile returned {len(nodes)} compiled nodes for "
+                         f"{len(fused)} fused nodes")
+        for part, node in zip(parts, nodes, strict=True):
+            compiled[part.name] = wrap(node, part.name, provider.type) if wrap else node
+    return compiled
+
+
+# -- loading, feeds, profiling ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """A graph input or output as onnxruntime describes it: name, ``"tensor(float)"``-style
+    type, and shape (ints, dim_param strings, None for unknown dims)."""
+
+    name: str
+    type: str
+    shape: list[int | str | None]
+
+    def __repr__(self) -> str:
+        return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape})"
+
+
+def type_string(elem_type: int) -> str:
+    """ONNX Runtime's type string of an ONNX element type: ``"tensor(float)"``."""
+    try:
+        return f"tensor({onnx.TensorProto.DataType.Name(elem_type).lower()})"
+    except ValueError:
+        return "tensor(undefined)"
+
+
+def node_arg(graph: GraphView, name: str) -> NodeArg:
+    """The :class:`NodeArg` of tensor ``name`` of ``graph``."""
+    vi = graph.value_info(name)
+    if vi is None or not vi.type.HasField("tensor_type"):
+        return NodeArg(name, "tensor(undefined)", [])
+    tt = vi.type.tensor_type
+    shape: list[int | str | None] = []
+    for dim in tt.shape.dim:
+        if dim.HasField("dim_value"):
+            shape.append(int(dim.dim_value))
+        elif dim.HasField("dim_param"):
+            shape.append(dim.dim_param)
+        else:
+            shape.append(None)
+    return NodeArg(name, type_string(tt.elem_type), shape)
+
+
+def load_model(path_or_bytes: str | os.PathLike[str] | bytes,
+               config: Mapping[str, str]) -> tuple[onnx.ModelProto, str | None]:
+    """Parse the model and load its external data; returns it and its path (None for bytes).
+
+    External data comes from the model's folder, or, for bytes, from
+    ``session.model_external_initializers_file_folder_path``. Errors are onnxruntime's:
+    ``NoSuchFile``, ``InvalidProtobuf``, ``Fail``.
+    """
+    if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
+        data, model_path = bytes(path_or_bytes), None
+        folder = config.get(EXTERNAL_INITIALIZERS_FOLDER, "") or None
+    elif isinstance(path_or_bytes, (str, os.PathLike)):
+        model_path = os.fspath(path_or_bytes)
+        if not os.path.isfile(model_path):
+            raise NoSuchFile(f"Load model from {model_path} failed:Load model {model_path} "
+                             "failed. File doesn't exist")
+        data = Path(model_path).read_bytes()
+        folder = str(Path(model_path).resolve().parent)
+    else:
+        raise InvalidArgument(f"Unable to load from type '{type(path_or_bytes)}'; expected a "
+                              "path or bytes")
+    try:
+        model = onnx.ModelProto.FromString(data)
+    except Exception:  # protobuf raises DecodeError and friends
+        raise InvalidProtobuf("Failed to load model because protobuf parsing failed.") from None
+    if not model.HasField("graph"):
+        raise InvalidProtobuf("Failed to load model because protobuf parsing failed.")
+    external = [t.name for t in external_data_helper._get_all_tensors(model)
+                if external_data_helper.uses_external_data(t)]
+    if external:
+        if folder is None:
+            raise Fail(f"the model has external initializers {external[:3]} but was loaded from "
+                       f"bytes; set {EXTERNAL_INITIALIZERS_FOLDER} to the folder of its data file")
+        try:
+            external_data_helper.load_external_data_for_model(model, folder)
+        except Exception as exc:
+            raise Fail(f"cannot load external initializers from folder {folder!r}: "
+                       f"{exc}") from None
+    return model, model_path
+
+
+def check_feeds(graph: GraphView, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Validate ``feeds`` against the graph inputs with onnxruntime's messages."""
+    missing = [n for n in graph.inputs if n not in feeds]
+    if missing:
+        raise InvalidArgument(f"Required inputs ({missing}) are missing from input feed "
+                              f"({list(feeds)}).")
+    out: dict[str, np.ndarray] = {}
+    for name, raw in feeds.items():
+        if name not in graph.inputs:
+            raise InvalidArgument(f"Invalid input name: {name}")
+        value = np.asarray(raw)
+        vi = graph.value_info(name)
+        if vi is None or not vi.type.HasField("tensor_type"):
+            out[name] = value
+            continue
+        tt = vi.type.tensor_type
+        try:
+            actual = helper.np_dtype_to_tensor_dtype(value.dtype)
+        except (KeyError, ValueError, TypeError):
+            actual = onnx.TensorProto.UNDEFINED
+        if actual != tt.elem_type:
+            shown = type_string(actual) if actual else f"numpy {value.dtype}"
+            raise InvalidArgument(f"Unexpected input data type. Actual: ({shown}) , expected: "
+                                  f"({type_string(tt.elem_type)})")
+        if tt.HasField("shape"):
+            dims = list(tt.shape.dim)
+            if len(dims) != value.ndim:
+                raise InvalidArgument(
+                    f"Invalid rank for input: {name} Got: {value.ndim} Expected: {len(dims)} "
+                    "Please fix either the inputs/outputs or the model.")
+            bad = [f" index: {k} Got: {value.shape[k]} Expected: {d.dim_value}"
+                   for k, d in enumerate(dims)
+                   if d.HasField("dim_value") and d.dim_value != value.shape[k]]
+            if bad:
+                raise InvalidArgument(
+                    f"Got invalid dimensions for input: {name} for the following indices\n"
+                    + "\n".join(bad) + "\n Please fix either the inputs/outputs or the model.")
+        out[name] = value
+    return out
+
+
+class _TimedNode(CompiledNode):
+    """A compiled node whose runs are timed for the profile."""
+
+    def __init__(self, inner: CompiledNode, name: str, provider: str,
+                 profiler: Profiler) -> None:
+        self.inner, self.name, self.provider, self.profiler = inner, name, provider, profiler
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        started = time.perf_counter()
+        outputs = self.inner.run(inputs)
+        self.profiler.partition_ran(self.name, self.provider, started)
+        return outputs
+
+
+class Profiler:
+    """Records session events in ONNX Runtime's profile format (a JSON list of Chrome trace
+    ``"ph": "X"`` events with ``cat`` Session/Node) when ``enable_profiling`` is set."""
+
+    def __init__(self, options: SessionOptions) -> None:
+        self.enabled = bool(options.enable_profiling)
+        self.prefix = options.profile_file_prefix
+        self.origin = time.perf_counter()
+        self.events: list[dict[str, Any]] = []
+        self._last: dict[str, float] = {}
+
+    def wrap(self, node: CompiledNode, name: str, provider: str) -> CompiledNode:
+        """``node``, timed per run."""
+        return _TimedNode(node, name, provider, self)
+
+    def _us(self, t: float) -> int:
+        return int((t - self.origin) * 1e6)
+
+    def event(self, name: str, cat: str, started: float,
+              args: Mapping[str, Any] | None = None) -> None:
+        """Record an event that began at ``started`` (perf_counter) and ends now."""
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        self.events.append({"cat": cat, "pid": os.getpid(), "tid": 0,
+                            "dur": self._us(now) - self._us(started), "ts": self._us(started),
+                            "ph": "X", "name": name, "args": dict(args or {})})
+
+    def partition_ran(self, name: str, provider: str, started: float) -> None:
+        """Record one partition's run."""
+        self._last[name] = (time.perf_counter() - started) * 1e6
+        self.event(f"{name}_kernel_time", "Node", started,
+                   {"op_name": name, "provider": provider})
+
+    def last_partition_us(self) -> dict[str, float]:
+        """Wall microseconds of each partition's latest run."""
+        return dict(self._last)
+
+    def end(self, run_stats: Mapping[str, Any]) -> str:
+        """Write the profile JSON (with the providers' run stats attached) and return its
+        name; ``""`` when profiling is off."""
+        if not self.enabled:
+            return ""
+        stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+        path = f"{self.prefix}_{stamp}.json"
+        events = list(self.events)
+        for provider, stats in run_stats.items():
+            events.append({"cat": "Session", "pid": os.getpid(), "tid": 0, "dur": 0,
+                           "ts": self._us(time.perf_counter()), "ph": "X",
+                           "name": f"{provider}_run_stats", "args": _jsonable(stats)})
+        atomic_write(path, [json.dumps(events, indent=1).encode("utf-8")])
+        self.events.clear()
+        return path
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    if isinstance(value, (int, float, str, bool)) or value is None:
+        return value
+    return str(value)
