@@ -136,57 +136,49 @@ def partition(graph: GraphView, providers: Sequence[ExecutionProvider]) -> Parti
 
 
 class _Quotient:
-    """The graph of clusters (partitions and unassigned single nodes) with union-find."""
+    """The graph of clusters (partitions, and unassigned nodes as singletons).
+
+    A cluster is named by one of its nodes (its root). ``reach[c]`` is a bitset (a python
+    int, bit k = node k) of the nodes in every cluster reachable from ``c`` through at least
+    one edge; it makes the merge test a few bit operations. Merging updates the reach of the
+    merged cluster's ancestors only, stopping where an ancestor already has it.
+    """
 
     def __init__(self, graph: GraphView) -> None:
         n = len(graph.nodes)
-        self.parent = list(range(n))
         self.members: dict[int, list[int]] = {i: [i] for i in range(n)}
+        self.mask: dict[int, int] = {i: 1 << i for i in range(n)}
         self.provider: dict[int, str | None] = {i: None for i in range(n)}
         self.succ: dict[int, set[int]] = {i: set() for i in range(n)}
         self.pred: dict[int, set[int]] = {i: set() for i in range(n)}
-        self.lo = list(range(n))  # smallest topological index in the cluster
-        self.hi = list(range(n))  # largest
         for i in range(n):
             for name in graph.node_inputs(i):
                 p = graph.producer(name)
                 if p is not None and p != i:
                     self.succ[p].add(i)
                     self.pred[i].add(p)
+        self.reach: dict[int, int] = {}
+        for i in reversed(range(n)):  # node indices are a topological order
+            bits = 0
+            for s in self.succ[i]:
+                bits |= self.reach[s] | self.mask[s]
+            self.reach[i] = bits
 
-    def find(self, i: int) -> int:
-        while self.parent[i] != i:
-            self.parent[i] = self.parent[self.parent[i]]
-            i = self.parent[i]
-        return i
-
-    def _reaches_via_other(self, a: int, b: int) -> bool:
+    def _via_other(self, a: int, b: int) -> bool:
         """True if a path a -> X -> ... -> b exists with X not in {a, b}."""
-        targets = self.pred[b] - {a}
-        if not targets:
-            return False
-        limit = self.hi[b]
-        stack = [c for c in self.succ[a] if c != b and self.lo[c] < limit]
-        seen = set(stack)
-        while stack:
-            c = stack.pop()
-            if c in targets:
-                return True
-            for d in self.succ[c]:
-                if d not in seen and d != b and self.lo[d] < limit:
-                    seen.add(d)
-                    stack.append(d)
-        return False
+        return any(self.reach[s] & self.mask[b] for s in self.succ[a] if s != b)
 
     def can_merge(self, a: int, b: int) -> bool:
-        return not (self._reaches_via_other(a, b) or self._reaches_via_other(b, a))
+        """Merging clusters ``a`` and ``b`` keeps the cluster graph acyclic."""
+        return not (self._via_other(a, b) or self._via_other(b, a))
 
     def merge(self, a: int, b: int) -> int:
+        """Merge ``b`` into ``a`` (the caller checked :meth:`can_merge`); returns the root."""
         if len(self.members[a]) < len(self.members[b]):
             a, b = b, a
-        self.parent[b] = a
         self.members[a].extend(self.members.pop(b))
-        self.lo[a], self.hi[a] = min(self.lo[a], self.lo[b]), max(self.hi[a], self.hi[b])
+        self.mask[a] |= self.mask.pop(b)
+        self.reach[a] = (self.reach[a] | self.reach.pop(b)) & ~self.mask[a]
         for c in self.succ.pop(b):
             self.pred[c].discard(b)
             if c != a:
@@ -200,32 +192,57 @@ class _Quotient:
         self.succ[a].discard(a)
         self.pred[a].discard(a)
         del self.provider[b]
+        # Every ancestor of the merged cluster now reaches all of it and all it reaches.
+        need = self.mask[a] | self.reach[a]
+        stack = list(self.pred[a])
+        seen = set(stack)
+        while stack:
+            c = stack.pop()
+            if self.reach[c] | need == self.reach[c]:
+                continue  # so do its ancestors, which reach at least what it reaches
+            self.reach[c] |= need
+            for d in self.pred[c]:
+                if d not in seen:
+                    seen.add(d)
+                    stack.append(d)
         return a
 
     def place(self, group: list[int], provider: str) -> None:
-        """Turn ``group`` (unassigned nodes, topological order) into as few acyclic clusters
-        as greedy merging finds, then merge those clusters pairwise while that stays acyclic."""
+        """Turn ``group`` (unassigned nodes, topological order) into acyclic clusters.
+
+        Each node joins a cluster of this group that it is connected to if that stays acyclic,
+        else the group's latest cluster, else starts a new one; then clusters of the group are
+        merged pairwise wherever that stays acyclic, so no two of them could be one.
+        """
         pieces: list[int] = []
+        position: dict[int, int] = {}
         for i in group:
             self.provider[i] = provider
-            for k, piece in enumerate(pieces):
-                if self.can_merge(piece, i):
-                    pieces[k] = self.merge(piece, i)
+            candidates = [c for c in sorted(self.pred[i] | self.succ[i]) if c in position]
+            if pieces and pieces[-1] not in candidates:
+                candidates.append(pieces[-1])
+            for c in candidates:
+                if self.can_merge(c, i):
+                    k = position.pop(c)
+                    pieces[k] = self.merge(c, i)
+                    position[pieces[k]] = k
                     break
             else:
+                position[i] = len(pieces)
                 pieces.append(i)
-        merged = True
-        while merged and len(pieces) > 1:
-            merged = False
-            for x in range(len(pieces)):
-                for y in range(x + 1, len(pieces)):
-                    if self.can_merge(pieces[x], pieces[y]):
-                        pieces[x] = self.merge(pieces[x], pieces[y])
-                        del pieces[y]
-                        merged = True
+        changed = True
+        while changed and len(pieces) > 1:
+            changed = False
+            merged: list[int] = []
+            for piece in pieces:
+                for k, other in enumerate(merged):
+                    if self.can_merge(other, piece):
+                        merged[k] = self.merge(other, piece)
+                        changed = True
                         break
-                if merged:
-                    break
+                else:
+                    merged.append(piece)
+            pieces = merged
 
     def partitions(self, graph: GraphView) -> list[Partition]:
         """Clusters in topological order (ties by first node), named per provider."""
