@@ -45,10 +45,15 @@ class WeightsSummary:
 
 
 def _text(raw: bytes, field: str) -> str:
+    text = raw.rstrip(b"\0")
     try:
-        return raw.rstrip(b"\0").decode("utf-8")
-    except UnicodeDecodeError:
-        raise InvalidGraph(f"header {field} is not valid UTF-8: {raw!r}") from None
+        if b"\0" in text:
+            raise ValueError
+        return text.decode("utf-8")
+    except ValueError:
+        raise InvalidGraph(
+            f"header {field} {raw!r} is not a NUL-padded UTF-8 string without NUL"
+        ) from None
 
 
 def _parse_header(view: memoryview, expected_architecture: str | None,

@@ -216,19 +216,37 @@ def test_newer_format_version(sample):
 
 
 def test_newer_minor_version_with_an_unknown_section_is_accepted(sample):
-    """A minor bump may add section kinds; a 1.0 reader checks and skips them."""
+    """A minor bump may add section kinds: a 1.0 reader checks their bounds and sha256, then
+    skips them. Here a kind-99 section is appended and the table moved behind it."""
     data = bytearray(sample)
+    table_end = L.HEADER_SIZE + 5 * L.SECTION.size
+    old_table = bytes(data[L.HEADER_SIZE : table_end])
+    data[L.HEADER_SIZE : table_end] = bytes(table_end - L.HEADER_SIZE)  # now zero padding
+    extra = b"future section"
+    extra_at = len(data)
+    data += extra + bytes(L.align_up(len(extra), 8) - len(extra))
+    table_at = len(data)
+    data += old_table + L.SECTION.pack(99, 0, extra_at, len(extra),
+                                       hashlib.sha256(extra).digest())
     struct.pack_into("<HH", data, 8, 1, 7)
-    sections = sections_of(sample)
-    table = L.HEADER_SIZE
-    # Re-label the weights section as an unknown kind: the reader must then miss "weights".
-    at = table + 4 * L.SECTION.size
-    struct.pack_into("<I", data, at, 99)
+    struct.pack_into("<IQQ", data, 20, 6, table_at, len(data))
+    sealed = bytearray(reseal(data))
+    binary = ContextBinary.from_bytes(sealed)
+    assert binary.header.format_version == (1, 7)
+    assert [s.kind_name for s in binary.sections][-1] == "unknown(99)"
+    assert binary.programs() == sample_programs()
+    # Its checksum is still verified.
+    binary.close()
+    sealed[extra_at] ^= 1
+    with pytest.raises(InvalidGraph, match=r"checksum mismatch in section #5 \(unknown\(99\)\)"):
+        ContextBinary.from_bytes(sealed)
+
+
+def test_missing_required_section(sample):
+    data = bytearray(sample)
+    struct.pack_into("<I", data, L.HEADER_SIZE + 4 * L.SECTION.size, 99)  # relabel weights
     with pytest.raises(InvalidGraph, match="required sections missing: weights"):
         ContextBinary.from_bytes(reseal(data))
-    struct.pack_into("<I", data, at, int(L.SectionKind.WEIGHTS))
-    assert ContextBinary.from_bytes(reseal(data)).header.format_version == (1, 7)
-    assert sections["weights"].offset % 512 == 0
 
 
 def test_wrong_architecture(sample):
