@@ -102,9 +102,10 @@ def window(
         raise KernelError(op, "", f"auto_pad={auto_pad!r}; expected one of {list(_AUTO_PADS)}")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         out = [-(-i // s) for i, s in zip(in_shape, strides, strict=True)]
+        # Not clamped at 0 (spec and onnxruntime): a window smaller than the stride can need
+        # negative padding, which crops.
         total = [
-            max(0, (o - 1) * s + f - i)
-            for o, s, f, i in zip(out, strides, span, in_shape, strict=True)
+            (o - 1) * s + f - i for o, s, f, i in zip(out, strides, span, in_shape, strict=True)
         ]
         begin, end = split_pads(total, upper=auto_pad == "SAME_UPPER")
     else:
@@ -135,9 +136,11 @@ def window(
 
 
 def split_pads(total: Sequence[int], *, upper: bool) -> tuple[list[int], list[int]]:
-    """Split total padding per axis: the odd unit goes at the end (upper) or the start."""
-    small = [t // 2 for t in total]
-    begin = small if upper else [t - h for t, h in zip(total, small, strict=True)]
+    """Split total padding per axis: the odd unit goes at the end (upper) or the start.
+
+    Halves round toward zero, as in onnxruntime, which matters for negative totals.
+    """
+    begin = [int((t if upper else t + 1) / 2) for t in total]
     return begin, [t - b for t, b in zip(total, begin, strict=True)]
 
 

@@ -1,0 +1,135 @@
+"""Pool and LRN kernels against onnxruntime, over generated shapes and attributes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from kernels import FLOATS, check_against_ort, random_array, run_kernel, seeds
+from npu_sim.errors import KernelError
+
+
+@st.composite
+def pool_case(draw: st.DrawFn, op: str) -> tuple[tuple[int, ...], dict]:
+    """An input shape and pool attributes with a non-empty output and pads < kernel."""
+    rank = draw(st.sampled_from([1, 2, 2, 3]))
+    side = 7 if rank < 3 else 4
+    spatial = draw(st.lists(st.integers(1, side), min_size=rank, max_size=rank))
+    kernel = draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank))
+    attrs: dict = {"kernel_shape": kernel}
+    if draw(st.booleans()):
+        attrs["strides"] = draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank))
+    auto_pad = draw(st.sampled_from(["NOTSET", "NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"]))
+    dil = [1] * rank
+    if op == "MaxPool" and auto_pad == "NOTSET" and draw(st.booleans()):
+        dil = draw(st.lists(st.integers(1, 2), min_size=rank, max_size=rank))
+        attrs["dilations"] = dil
+    pads = [0] * 2 * rank
+    if auto_pad == "NOTSET":
+        pads = [draw(st.integers(0, k - 1)) for k in kernel + kernel]
+        attrs["pads"] = pads
+        attrs["ceil_mode"] = draw(st.integers(0, 1))
+    else:
+        attrs["auto_pad"] = auto_pad
+    strides = attrs.get("strides", [1] * rank)
+    for i in range(rank):
+        span = (kernel[i] - 1) * dil[i] + 1
+        if auto_pad.startswith("SAME"):
+            # negative SAME padding: onnxruntime fails on odd totals (test_negative_same_pads)
+            assume((-(-spatial[i] // strides[i]) - 1) * strides[i] + span >= spatial[i])
+        else:
+            assume(span <= spatial[i] + pads[i] + pads[i + rank])
+    if op == "MaxPool":
+        attrs["storage_order"] = draw(st.integers(0, 1))
+    else:
+        attrs["count_include_pad"] = draw(st.integers(0, 1))
+    return (draw(st.integers(1, 2)), draw(st.integers(1, 3)), *spatial), attrs
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=pool_case("MaxPool"), seed=seeds, dtype=st.sampled_from(FLOATS))
+def test_max_pool_and_indices_match_ort(case, seed, dtype):
+    shape, attrs = case
+    # distinct values, so the index of the maximum is unambiguous
+    x = (np.random.default_rng(seed).permutation(int(np.prod(shape))).reshape(shape) / 8 - 4)
+    x = x.astype(dtype)
+    if dtype != np.float32:  # halves round distinct values together: compare values only
+        check_against_ort("MaxPool", [x], attrs)
+    else:
+        check_against_ort("MaxPool", [x], attrs, n_outputs=2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=pool_case("AveragePool"), seed=seeds, dtype=st.sampled_from(FLOATS))
+def test_average_pool_matches_ort(case, seed, dtype):
+    shape, attrs = case
+    check_against_ort("AveragePool", [random_array(seed, shape, dtype)], attrs)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=seeds, dtype=st.sampled_from([np.int8, np.uint8]))
+def test_max_pool_int8_matches_ort(seed, dtype):
+    x = random_array(seed, (1, 2, 6, 5), dtype, -128, 255)
+    check_against_ort("MaxPool", [x], {"kernel_shape": [3, 2], "pads": [1, 0, 1, 1],
+                                       "strides": [2, 1]}, opset=12)
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER"])
+def test_negative_same_pads_crop_like_ort(op, auto_pad):
+    """kernel 1, stride 3 over 7: SAME needs a total pad of -2, which crops one element."""
+    x = random_array(4, (1, 2, 7, 3), np.float32)
+    attrs = {"kernel_shape": [1, 1], "strides": [3, 1], "auto_pad": auto_pad}
+    check_against_ort(op, [x], attrs)
+
+
+def test_average_pool_dilations_match_ort():
+    x = random_array(5, (1, 2, 9, 8), np.float32)
+    attrs = {"kernel_shape": [3, 2], "pads": [1, 0, 2, 1], "strides": [2, 3],
+             "dilations": [2, 1], "ceil_mode": 1, "count_include_pad": 1}
+    check_against_ort("AveragePool", [x], attrs, opset=19)
+
+
+@pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool"])
+@settings(max_examples=15, deadline=None)
+@given(spatial=st.lists(st.integers(1, 6), min_size=1, max_size=3), seed=seeds,
+       dtype=st.sampled_from(FLOATS))
+def test_global_pools_match_ort(op, spatial, seed, dtype):
+    check_against_ort(op, [random_array(seed, (2, 3, *spatial), dtype)])
+
+
+@settings(max_examples=25, deadline=None)
+@given(channels=st.integers(1, 7), size=st.sampled_from([1, 3, 5, 7]), seed=seeds,
+       alpha=st.sampled_from([1e-4, 0.01, 0.3, 1.0]), beta=st.sampled_from([0.1, 0.5, 0.75, 1.0]),
+       bias=st.sampled_from([0.5, 1.0, 2.0]), dtype=st.sampled_from(FLOATS))
+def test_lrn_matches_ort(channels, size, seed, alpha, beta, bias, dtype):
+    x = random_array(seed, (2, channels, 3, 4), dtype)
+    check_against_ort("LRN", [x], {"size": size, "alpha": alpha, "beta": beta, "bias": bias})
+
+
+F = np.float32
+X = np.zeros((1, 2, 5, 5), F)
+BAD = [
+    ("MaxPool", [X], {}, "kernel_shape attribute is required"),
+    ("MaxPool", [X], {"kernel_shape": [2]}, "one entry per spatial dim"),
+    ("MaxPool", [X], {"kernel_shape": [2, 2], "pads": [2, 0, 0, 0]}, "smaller than kernel"),
+    ("MaxPool", [X], {"kernel_shape": [2, 2], "pads": [-1, 0, 0, 0]}, "pads"),
+    ("MaxPool", [X], {"kernel_shape": [2, 2], "storage_order": 2}, "storage_order"),
+    ("MaxPool", [X], {"kernel_shape": [6, 2]}, "does not fit"),
+    ("MaxPool", [X], {"kernel_shape": [2, 2], "strides": [0, 1]}, "strides"),
+    ("MaxPool", [X.astype(np.int32)], {"kernel_shape": [2, 2]}, "dtype"),
+    ("MaxPool", [np.zeros((1, 2), F)], {"kernel_shape": [2]}, "rank"),
+    ("AveragePool", [X.astype(np.int8)], {"kernel_shape": [2, 2]}, "dtype"),
+    ("AveragePool", [X], {"kernel_shape": [2, 2], "auto_pad": "FULL"}, "auto_pad"),
+    ("GlobalAveragePool", [np.zeros((2, 3), F)], {}, "rank"),
+    ("LRN", [X], {}, "size"),
+    ("LRN", [np.zeros((3,), F)], {"size": 3}, "rank"),
+]
+
+
+@pytest.mark.parametrize("op, inputs, attrs, words", BAD, ids=[f"{b[0]}-{b[3]}" for b in BAD])
+def test_rejects_bad_input(op, inputs, attrs, words):
+    with pytest.raises(KernelError, match=words):
+        run_kernel(op, inputs, attrs)
