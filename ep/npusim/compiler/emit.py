@@ -8,10 +8,12 @@ cores at once, so a command's ``deps`` must name every command it has to follow:
   launch writes a buffer whose memory overlaps a buffer that lived earlier, every reader of the
   earlier occupant, and its producer, must have finished.
 
-A descriptor holds at most :data:`~firmware_model.commands.MAX_DEPS` dependencies; a command that
-needs more waits on chained NOP joins. Dependencies on a command that is already an ancestor
-through another dependency are kept: the firmware tracks them cheaply, and pruning them would
-need a transitive closure that buys nothing at these sizes.
+A dependency on a launch that is already an ancestor through another dependency is dropped
+(a transitive reduction, with ancestor sets as bit masks: launches are in topological order, so
+one pass computes them). Anti-dependencies are mostly of that kind: the readers of an old
+occupant usually precede the new writer through data already. A descriptor holds at most
+:data:`~firmware_model.commands.MAX_DEPS` dependencies; a command that still needs more waits on
+chained NOP joins.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ def launch_dependencies(
     offsets: Mapping[int, int],
     alignment: int,
 ) -> tuple[list[tuple[int, ...]], int]:
-    """For each launch, the earlier launches it must follow, and how many were anti-deps."""
+    """For each launch, the earlier launches it must directly follow (transitively reduced),
+    and how many of the dependencies found before reduction were anti-dependencies."""
     producer: dict[int, int] = {}
     readers: dict[int, set[int]] = {b.key: set() for b in buffers}
     for step, launch in enumerate(lowered.launches):
@@ -43,6 +46,7 @@ def launch_dependencies(
              for b in buffers}
     by_key = {b.key: b for b in buffers}
     deps: list[tuple[int, ...]] = []
+    ancestors: list[int] = []  # bit j set: launch j precedes this one
     anti = 0
     for step, launch in enumerate(lowered.launches):
         need: set[int] = set()
@@ -65,7 +69,15 @@ def launch_dependencies(
                         need.add(producer[earlier.key])
         need.discard(step)
         anti += len(need) - data
-        deps.append(tuple(sorted(need)))
+        implied = 0
+        for d in need:
+            implied |= ancestors[d]
+        kept = tuple(sorted(d for d in need if not implied >> d & 1))
+        deps.append(kept)
+        reach = 0
+        for d in kept:
+            reach |= ancestors[d] | (1 << d)
+        ancestors.append(reach)
     return deps, anti
 
 

@@ -96,6 +96,11 @@ class SubGraph:
             nodes.append(node)
         inputs = [vi.name for vi in inferred.input if vi.name not in consts]
         outputs = [vi.name for vi in inferred.output]
+        available = set(inputs) | set(consts) | {o for n in nodes for o in n.outputs}
+        missing = [o for o in outputs if o not in available]
+        if missing:
+            raise errors.InvalidGraph(f"NpuSim compiler: graph outputs {missing} are not "
+                                      f"produced by any node, input or initializer")
         return cls(nodes, inputs, outputs, consts, types, opset)
 
     # -- queries ------------------------------------------------------------------------------

@@ -5,9 +5,10 @@ onnxruntime on the original subgraph by ``tests/ep/test_rewrite.py``) and return
 times it fired. :func:`optimize` runs them in an order where each one sees the result of the
 previous:
 
-1. :func:`fold_constants` -- a node whose inputs are all constant (including ``Shape`` of a
-   static tensor and ``Constant`` nodes) is evaluated once with the device's kernels and its
-   outputs become weights.
+1. :func:`fold_constants` -- a node whose inputs are all constant is evaluated once with the
+   device's kernels and its outputs become weights; ``Constant``, ``ConstantOfShape`` and
+   ``Shape`` of a static tensor are evaluated directly. This first pass keeps
+   DequantizeLinear of constant weights for step 2 and a second pass after it folds the rest.
 2. :func:`fold_qdq` -- DequantizeLinear -> Conv/MatMul -> QuantizeLinear with a constant
    quantized weight becomes QLinearConv/QLinearMatMul (int8/uint8; per-tensor scales, and
    per-output-channel weight scales for Conv).
@@ -90,6 +91,10 @@ def _constant_outputs(graph: SubGraph, node: Node) -> list[np.ndarray] | None:
         return [np.array(shape[start:end], dtype=np.int64)]
     if not node.inputs or not all(i == "" or i in graph.consts for i in node.inputs):
         return None
+    if node.op == "ConstantOfShape":  # a constant generator, like Constant: no kernel needed
+        fill = node.attrs.get("value", np.zeros(1, np.float32))
+        shape = tuple(int(d) for d in graph.consts[node.inputs[0]].reshape(-1))
+        return [np.full(shape, fill.reshape(-1)[0], dtype=fill.dtype)]
     return run_node(node, [graph.consts[i] if i else None for i in node.inputs])
 
 
