@@ -151,8 +151,10 @@ class Compute:
             raise
         except Exception as exc:  # any kernel failure is a typed error naming the launch
             raise KernelError(op, node, f"kernel raised {exc!r}") from exc
-        if len(results) != len(outputs):
+        if len(results) < len(outputs):
             raise KernelError(op, node, f"expected {len(outputs)} outputs, got {len(results)}")
+        # A node may omit trailing optional outputs (MaxPool's Indices) its kernel computes.
+        results = results[:len(outputs)]
         checked = []
         for i, ((_, spec), value) in enumerate(zip(outputs, results, strict=True)):
             want = dtypes.to_numpy(spec.dtype)
