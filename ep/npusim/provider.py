@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import onnx
+
 from firmware_model import Program
 from npu_sim.config import PRESETS, DeviceConfig
 from npu_sim.errors import ConfigError
@@ -38,6 +40,7 @@ from ..framework.provider import (
     FusedNode,
     ProviderContext,
 )
+from . import epcontext as npu_epcontext
 from .capability import get_npu_capability
 from .compiler import CompileReport, compile_partition
 from .runtime import NpuRuntime, NpuSimCompiledNode
@@ -66,13 +69,23 @@ class NpuSimExecutionProvider(ExecutionProvider):
         self.programs: dict[str, Program] = {}
         self.reports: dict[str, CompileReport] = {}
         self.nodes: dict[str, NpuSimCompiledNode] = {}
+        # EPContext (ep/npusim/epcontext.py): nodes made at compile, binaries kept open.
+        self._ep_context_nodes: list[onnx.NodeProto] = []
+        self._context_binaries: list[Any] = []
 
     # -- the EP interface ---------------------------------------------------------------------
 
     def get_capability(self, graph: GraphView) -> list[ComputeCapability]:
-        """Connected groups of nodes the NPU supports (see :mod:`ep.npusim.capability`)."""
+        """EPContext nodes made by this EP (one group each), then connected groups of nodes
+        the NPU supports (see :mod:`ep.npusim.capability`)."""
+        # -- EPContext loading (ep/npusim/epcontext.py) --
+        contexts = npu_epcontext.context_capability(graph)
+        if contexts:
+            taken = {i for cap in contexts for i in cap.nodes}
+            graph = graph.with_assigned(graph.assigned | taken)
+        # -- end EPContext --
         capabilities, _ = get_npu_capability(graph)
-        return capabilities
+        return contexts + capabilities
 
     def decline_reasons(self, graph: GraphView) -> dict[int, str]:
         """Why each unassigned node the NPU does not take was declined."""
@@ -81,12 +94,32 @@ class NpuSimExecutionProvider(ExecutionProvider):
 
     def compile(self, fused_nodes: Sequence[FusedNode]) -> list[CompiledNode]:
         """Compile and load every fused node; one compiled node each, in order."""
+        # -- EPContext loading and generation (ep/npusim/epcontext.py) --
+        contexts = [f for f in fused_nodes if npu_epcontext.is_context_fused(f)]
+        loaded: dict[str, Program] = {}
+        if contexts:
+            programs, binaries = npu_epcontext.load_programs(contexts, self.context, self.config)
+            self._context_binaries.extend(binaries)
+            loaded = {f.name: p for f, p in zip(contexts, programs, strict=True)}
+        fresh: list[tuple[FusedNode, Program]] = []
+        # -- end EPContext --
         compiled: list[CompiledNode] = []
         for fused in fused_nodes:
+            if fused.name in loaded:
+                compiled.append(self.add_program(fused.name, loaded[fused.name], fused.inputs))
+                continue
             result = compile_partition(fused, self.config, dim_overrides=self.dim_overrides)
             self.reports[fused.name] = result.report
+            fresh.append((fused, result.program))
             compiled.append(self.add_program(fused.name, result.program, fused.inputs))
+        if fresh and self.context.session_config.get("ep.context_enable") == "1":
+            self._ep_context_nodes.extend(
+                npu_epcontext.make_context_nodes(fresh, self.context, self.config))
         return compiled
+
+    def get_ep_context_nodes(self) -> list[onnx.NodeProto]:
+        """The EPContext nodes of the partitions compiled with ``ep.context_enable=1``."""
+        return list(self._ep_context_nodes)
 
     def add_program(self, name: str, program: Program,
                     input_names: Sequence[str] | None = None) -> NpuSimCompiledNode:
