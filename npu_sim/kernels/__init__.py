@@ -4,13 +4,10 @@ Kernels are JIT-compiled with numba (``cache=True``, compiled lazily on first us
 only pays for the kernels it uses), or call BLAS through numpy where the work is a plain GEMM.
 They follow the ONNX operator definitions (broadcasting, attributes and their defaults) and are
 checked against onnxruntime's CPU provider. See :mod:`npu_sim.kernels.registry` for how a KERNEL
-command finds them.
+command finds them. Importing a kernel module registers its kernels.
 """
 
-from .registry import Kernel, kernel, lookup, names, register_kernel, unregister_kernel
-
-# Importing a kernel module registers its kernels; numba compiles each on first call only.
-from . import (  # noqa: E402, F401
+from . import (  # noqa: F401
     activations,
     conv,
     elementwise,
@@ -22,5 +19,6 @@ from . import (  # noqa: E402, F401
     resize,
     shape,
 )
+from .registry import Kernel, kernel, lookup, names, register_kernel, unregister_kernel
 
 __all__ = ["Kernel", "kernel", "lookup", "names", "register_kernel", "unregister_kernel"]
