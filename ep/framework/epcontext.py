@@ -488,7 +488,6 @@ class ContextWriter:
         """Write the EPContext model; nothing (and no error) when no provider made EPContext
         nodes unless ``always``; ``Fail`` then if ``require_nodes`` (ModelCompiler's
         ``ERROR_IF_NO_NODES_COMPILED``). Returns whether a file was written."""
-        model: onnx.ModelProto | None = None
         try:
             model, count = self.build(source, view, plan, providers)
             if count == 0 and require_nodes:
@@ -500,24 +499,26 @@ class ContextWriter:
                        size_threshold=self.size_threshold)
             return True
         except BaseException:
-            self.remove_created(model)
+            self.cleanup(providers)
             raise
 
-    def remove_created(self, model: onnx.ModelProto | None) -> None:
-        """Delete context binaries referenced by ``model`` (or by any provider's nodes) that
-        did not exist before this generation began."""
-        if model is None:
+    def cleanup(self, providers: Sequence[ExecutionProvider]) -> None:
+        """After a failure: delete the context binaries the providers' EPContext nodes
+        reference that did not exist before this generation began."""
+        for provider in providers:
+            with contextlib.suppress(Exception):
+                for node in provider.get_ep_context_nodes():
+                    self._remove_new(node)
+
+    def _remove_new(self, node: onnx.NodeProto) -> None:
+        if not is_ep_context_node(node):
             return
-        for node in model.graph.node:
-            if not is_ep_context_node(node):
-                continue
-            with contextlib.suppress(InvalidGraph):
-                info = parse_ep_context_node(node)
-                if info.embed_mode != 0 or not info.ep_cache_context:
-                    continue
-                rel = Path(info.ep_cache_context.decode("utf-8", errors="replace"))
-                if rel.is_absolute() or ".." in rel.parts or not rel.parts:
-                    continue
-                if rel.parts[0] not in self._existing:
-                    with contextlib.suppress(OSError):
-                        (self.output_path.parent / rel).unlink()
+        info = parse_ep_context_node(node)
+        if info.embed_mode != 0 or not info.ep_cache_context:
+            return
+        rel = Path(info.ep_cache_context.decode("utf-8", errors="replace"))
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+            return
+        if rel.parts[0] not in self._existing:
+            with contextlib.suppress(OSError):
+                (self.output_path.parent / rel).unlink()

@@ -136,6 +136,10 @@ class ModelCompiler:
         writer.check_source(graph)
         plan = partition(graph, providers)
         check_ep_context_taken(graph, plan, providers)
-        compile_plan(plan, providers, writer)
+        try:
+            compile_plan(plan, providers, writer)
+        except BaseException:
+            writer.cleanup(providers)
+            raise
         writer.write(model, graph, plan, providers, always=True, require_nodes=bool(
             self._flags & OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED))

@@ -98,9 +98,14 @@ class InferenceSession:
         self._plan = partition(self._graph, self._providers)
         check_ep_context_taken(self._graph, self._plan, self._providers)
         check_compile_allowed(self._graph, self._plan, config)
-        compiled = compile_plan(self._plan, self._providers, writer, self._profiler.wrap)
-        if writer is not None:
-            writer.write(model, self._graph, self._plan, self._providers)
+        try:
+            compiled = compile_plan(self._plan, self._providers, writer, self._profiler.wrap)
+            if writer is not None:
+                writer.write(model, self._graph, self._plan, self._providers)
+        except BaseException:
+            if writer is not None:
+                writer.cleanup(self._providers)
+            raise
         self._executor = PlanExecutor(self._graph, self._plan, compiled)
         self._profiler.event("session_initialization", "Session", started)
 
