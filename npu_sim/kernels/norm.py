@@ -1,13 +1,12 @@
 """Kernels: normalizations along an axis — Softmax, LogSoftmax, LayerNormalization, BatchNorm.
 
 Each is a statistic over some elements (a max and a sum, a mean and a variance) followed by an
-elementwise rescale. numpy would spend one pass over memory per step and a temporary per
-intermediate; the numba loops here make one pass for the statistics and one to write the output,
-accumulating in float64.
+elementwise rescale. LayerNormalization and BatchNormalization are numba loops that make one pass
+for the statistics and one to write the output, accumulating in float64. Softmax stays in numpy:
+its cost is exp, which numpy runs in SIMD and numba cannot vectorise.
 
-The tensor is viewed as ``(outer, n, inner)`` with the normalized axis in the middle, so the same
-loop serves the last axis (``inner == 1``) and a middle axis (NCHW channel softmax) without a
-transpose: the inner index runs fastest, so memory is read in order either way.
+Softmax views the tensor as ``(outer, n, inner)`` with the normalized axis in the middle, so the
+last axis (``inner == 1``) and a middle axis (NCHW channel softmax) need no transpose.
 
 Half-precision inputs are computed in float32 and rounded once; statistics outputs
 (LayerNormalization's Mean and InvStdDev) use the ``stash_type`` dtype (float32 by default).
@@ -47,31 +46,17 @@ def _contiguous(x: np.ndarray) -> np.ndarray:
 # --- Softmax / LogSoftmax -----------------------------------------------------------------------
 
 
-@njit(cache=True)
-def _softmax(x, out, log):  # pragma: no cover - numba
-    outer, n, inner = x.shape
-    peak = np.empty(inner)
-    total = np.empty(inner)
-    for o in range(outer):
-        peak[:] = -np.inf
-        total[:] = 0.0
-        for j in range(n):
-            for i in range(inner):
-                peak[i] = max(peak[i], x[o, j, i])
-        for j in range(n):
-            for i in range(inner):
-                e = math.exp(x[o, j, i] - peak[i])  # shifted by the max: never overflows
-                total[i] += e
-                if not log:
-                    out[o, j, i] = e
-        for i in range(inner):
-            total[i] = math.log(total[i]) if log else 1.0 / total[i]
-        for j in range(n):
-            for i in range(inner):
-                if log:
-                    out[o, j, i] = x[o, j, i] - peak[i] - total[i]
-                else:
-                    out[o, j, i] *= total[i]
+def _softmax(x: np.ndarray, log: bool) -> np.ndarray:
+    """Softmax (or log-softmax) of ``x`` viewed as ``(outer, n, inner)`` over axis 1."""
+    peak = x.max(axis=1, keepdims=True) if x.shape[1] else np.zeros_like(x[:, :1])
+    shifted = np.subtract(x, peak)  # exp of a non-positive number never overflows
+    exps = np.exp(shifted)
+    total = exps.sum(axis=1, keepdims=True)
+    if log:
+        shifted -= np.log(total)
+        return shifted
+    exps /= total
+    return exps
 
 
 def _softmax_kernel(op: str, log: bool) -> None:
@@ -87,9 +72,8 @@ def _softmax_kernel(op: str, log: bool) -> None:
             view = (math.prod(shape[:axis]), math.prod(shape[axis:]), 1)
         else:
             view = (math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:]))
-        xc = _contiguous(x)
-        out = np.empty(view, xc.dtype)
-        _softmax(xc.reshape(view), out, log)
+        with np.errstate(all="ignore"):  # a row of -inf gives NaN, as in onnxruntime
+            out = _softmax(to_compute(x).reshape(view), log)
         return [from_compute(out.reshape(x.shape), x.dtype)]
 
     values.__name__ = values.__qualname__ = op.lower()
@@ -105,7 +89,8 @@ _softmax_kernel("LogSoftmax", log=True)
 # --- LayerNormalization -------------------------------------------------------------------------
 
 
-@njit(cache=True)
+# reassoc lets LLVM vectorise the sums (pairwise-like order); NaN/inf semantics are kept.
+@njit(cache=True, error_model="numpy", fastmath={"reassoc", "contract"})
 def _layer_norm(x, scale, bias, epsilon, y, mean, inv_std):  # pragma: no cover - numba
     rows, n = x.shape
     for r in range(rows):
@@ -178,7 +163,7 @@ def layer_normalization(inputs: Inputs, attrs: Mapping[str, Any]) -> list[np.nda
 # --- BatchNormalization --------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _affine_per_channel(x, a, b, out):  # pragma: no cover - numba
     batch, channels, inner = x.shape
     for nb in range(batch):
