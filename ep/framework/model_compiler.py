@@ -105,6 +105,11 @@ class ModelCompiler:
         if self._external:
             raise InvalidArgument("external_initializers_file_path cannot be used with "
                                   "compile_to_bytes; compile_to_file instead")
+        if self._embed:  # nothing goes beside the model: compile into a scratch folder
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / "model_ctx.onnx"
+                self._compile(out)
+                return out.read_bytes()
         config = self._options.config_entries()
         given = config.get(EP_CONTEXT_FILE_PATH, "")
         if given:
