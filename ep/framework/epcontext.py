@@ -405,7 +405,7 @@ class ContextWriter:
     def __init__(self, config: Mapping[str, str], model_path: str | None, *,
                  output_path: str | os.PathLike[str] | None = None,
                  must_not_exist: bool = True, external_file: str | None = None,
-                 size_threshold: int = 0) -> None:
+                 size_threshold: int = 0, binary_folder: Path | None = None) -> None:
         for key in (SHARE_EP_CONTEXTS, STOP_SHARE_EP_CONTEXTS):
             if config.get(key, "0") == "1":
                 raise OrtNotImplemented(
@@ -427,7 +427,8 @@ class ContextWriter:
         if not folder.is_dir():
             raise InvalidArgument(f"cannot write the EPContext model {str(self.output_path)!r}: "
                                   f"folder {str(folder)!r} does not exist")
-        self._existing = set(os.listdir(folder))
+        self.binary_folder = binary_folder or folder
+        self._existing = set(os.listdir(self.binary_folder))
 
     def provider_config(self) -> dict[str, str]:
         """The session config the providers see: output path resolved, embed mode explicit."""
@@ -521,4 +522,4 @@ class ContextWriter:
             return
         if rel.parts[0] not in self._existing:
             with contextlib.suppress(OSError):
-                (self.output_path.parent / rel).unlink()
+                (self.binary_folder / rel).unlink()

@@ -131,7 +131,8 @@ class ModelCompiler:
         config[EP_CONTEXT_EMBED_MODE] = "1" if self._embed else "0"
         model, model_path = load_model(self._input, config)
         writer = ContextWriter(config, model_path, output_path=output, must_not_exist=False,
-                               external_file=self._external, size_threshold=self._threshold)
+                               external_file=self._external, size_threshold=self._threshold,
+                               binary_folder=binary_anchor.parent if binary_anchor else None)
         provider_config = writer.provider_config()
         if binary_anchor is not None:
             provider_config[EP_CONTEXT_FILE_PATH] = str(binary_anchor)

@@ -59,6 +59,17 @@ def test_compile_to_bytes_embedded_writes_no_file(model_path: Path) -> None:
     np.testing.assert_array_equal(ep.InferenceSession(data).run(None, {"x": X})[0], want[0])
 
 
+def test_compile_to_bytes_with_binary_beside_the_input(model_path: Path) -> None:
+    data = ep.ModelCompiler(npu_options(), str(model_path)).compile_to_bytes()
+    assert sorted(os.listdir(model_path.parent)) == ["m.onnx", "m_npusim.bin"]
+    so = ep.SessionOptions()
+    so.add_session_config_entry("ep.context_file_path", str(model_path.parent / "m_ctx.onnx"))
+    want = ep.InferenceSession(str(model_path)).run(None, {"x": X})
+    np.testing.assert_array_equal(ep.InferenceSession(data, so).run(None, {"x": X})[0], want[0])
+    with pytest.raises(ep.InvalidArgument, match="Both ep_context_path and model_path"):
+        ep.ModelCompiler(npu_options(), model_path.read_bytes()).compile_to_bytes()
+
+
 def test_no_nodes_compiled(model_path: Path) -> None:
     out = model_path.parent / "out.onnx"
     flag = ep.OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED
