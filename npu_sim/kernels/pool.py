@@ -1,7 +1,9 @@
 """Kernels: MaxPool, AveragePool, the global pools and LRN.
 
 Pools run on the vector unit: each output element reduces one window of its channel, so the
-kernels are direct numba loops, parallel over (batch, channel) planes. Windows come from
+kernels are direct numba loops over (batch, channel) planes. They run serially: a pool sits between
+BLAS-backed convolutions, whose threads keep spinning after each GEMM, and a parallel loop there
+fights them for the cores (measured slower end to end on ResNet-50). Windows come from
 :func:`npu_sim.kernels.conv.window` (``pads``, ``auto_pad``, ``strides``, ``dilations``,
 ``ceil_mode``), on 1-, 2- and 3-D spatial inputs viewed as 3-D. Float16 and bfloat16 inputs are
 reduced in float32 and rounded once; MaxPool also takes int8 and uint8, whose values float32
@@ -19,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..errors import KernelError
 from .conv import MAX_SPATIAL, Window, as5d, spatial_rank, window
@@ -29,13 +31,13 @@ from .registry import kernel
 _MAXPOOL_DTYPES = FLOAT_DTYPES + (np.dtype(np.int8), np.dtype(np.uint8))
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _max_pool(x, k, st, di, pb, col_major, out, idx):  # pragma: no cover - compiled
     """x (P, D, H, W) float32 -> out, idx (P, OD, OH, OW); padding never wins."""
     P, D, H, W = x.shape
     OD, OH, OW = out.shape[1], out.shape[2], out.shape[3]
     lowest = np.float32(-3.4028234663852886e38)
-    for t in prange(P):
+    for t in range(P):
         for a in range(OD):
             for b in range(OH):
                 for e in range(OW):
@@ -61,7 +63,7 @@ def _max_pool(x, k, st, di, pb, col_major, out, idx):  # pragma: no cover - comp
                     idx[t, a, b, e] = t * D * H * W + where
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def _avg_pool(x, k, st, di, pb, limit, include_pad, out):  # pragma: no cover - compiled
     """x (P, D, H, W) float32 -> out (P, OD, OH, OW).
 
@@ -70,7 +72,7 @@ def _avg_pool(x, k, st, di, pb, limit, include_pad, out):  # pragma: no cover - 
     """
     P, D, H, W = x.shape
     OD, OH, OW = out.shape[1], out.shape[2], out.shape[3]
-    for t in prange(P):
+    for t in range(P):
         for a in range(OD):
             for b in range(OH):
                 for e in range(OW):
