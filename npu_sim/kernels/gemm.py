@@ -51,14 +51,17 @@ def same_dtype(op: str, arrays: Mapping[str, np.ndarray | None]) -> np.dtype:
 
 
 def fused_activation(y: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:
-    """Apply the compiler-fused activation named by ``attrs["activation"]``, if any."""
+    """Apply the compiler-fused activation named by ``attrs["activation"]``, if any.
+
+    ``y`` must be the kernel's own fresh buffer: the activation overwrites it in place.
+    """
     name = attrs.get("activation")
     if not name:
         return y
     from .activations import apply_activation  # lazy: the activations module is independent
 
     params = tuple(float(p) for p in attrs.get("activation_params", ()))
-    return apply_activation(y, str(name), params)
+    return apply_activation(y, str(name), params, inplace=True)
 
 
 def finish(y: np.ndarray, attrs: Mapping[str, Any], dtype: np.dtype) -> np.ndarray:

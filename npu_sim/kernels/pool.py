@@ -31,34 +31,48 @@ from .registry import kernel
 _MAXPOOL_DTYPES = FLOAT_DTYPES + (np.dtype(np.int8), np.dtype(np.uint8))
 
 
+@njit(cache=True, inline="always")
+def _taps(o, stride, pad, dil, kernel, size):  # pragma: no cover - compiled
+    """Range [lo, hi) of kernel taps whose input coordinate o*stride - pad + tap*dil is in
+    [0, size): the loops below then need no bounds test per tap."""
+    start = o * stride - pad
+    lo = 0 if start >= 0 else (-start + dil - 1) // dil
+    hi = (size - 1 - start) // dil + 1 if size - 1 >= start else 0
+    return start, lo, max(lo, min(kernel, hi))
+
+
 @njit(cache=True)
 def _max_pool(x, k, st, di, pb, col_major, out, idx):  # pragma: no cover - compiled
     """x (P, D, H, W) float32 -> out, idx (P, OD, OH, OW); padding never wins."""
     P, D, H, W = x.shape
     OD, OH, OW = out.shape[1], out.shape[2], out.shape[3]
+    kd, kh, kw = k[0], k[1], k[2]
+    sd, sh, sw = st[0], st[1], st[2]
+    dd, dh, dw = di[0], di[1], di[2]
+    pd, ph, pw = pb[0], pb[1], pb[2]
     lowest = np.float32(-3.4028234663852886e38)
     for t in range(P):
+        plane = x[t]
         for a in range(OD):
+            z0, i_lo, i_hi = _taps(a, sd, pd, dd, kd, D)
             for b in range(OH):
+                y0, j_lo, j_hi = _taps(b, sh, ph, dh, kh, H)
                 for e in range(OW):
+                    x0, l_lo, l_hi = _taps(e, sw, pw, dw, kw, W)
                     best = lowest
                     where = -1
-                    for i in range(k[0]):
-                        z = a * st[0] - pb[0] + i * di[0]
-                        if z < 0 or z >= D:
-                            continue
-                        for j in range(k[1]):
-                            y = b * st[1] - pb[1] + j * di[1]
-                            if y < 0 or y >= H:
-                                continue
-                            for lw in range(k[2]):
-                                xx = e * st[2] - pb[2] + lw * di[2]
-                                if 0 <= xx < W and x[t, z, y, xx] > best:
-                                    best = x[t, z, y, xx]
-                                    if col_major:
-                                        where = z + (y + xx * H) * D
-                                    else:
-                                        where = (z * H + y) * W + xx
+                    for i in range(i_lo, i_hi):
+                        z = z0 + i * dd
+                        for j in range(j_lo, j_hi):
+                            y = y0 + j * dh
+                            for lw in range(l_lo, l_hi):
+                                v = plane[z, y, x0 + lw * dw]
+                                if v > best:
+                                    best = v
+                                    where = (z * H + y) * W + x0 + lw * dw
+                    if col_major and where >= 0:  # row-major offset -> column-major offset
+                        z, rest = where // (H * W), where % (H * W)
+                        where = z + (rest // W + (rest % W) * H) * D
                     out[t, a, b, e] = best
                     idx[t, a, b, e] = t * D * H * W + where
 
@@ -72,25 +86,30 @@ def _avg_pool(x, k, st, di, pb, limit, include_pad, out):  # pragma: no cover - 
     """
     P, D, H, W = x.shape
     OD, OH, OW = out.shape[1], out.shape[2], out.shape[3]
+    kd, kh, kw = k[0], k[1], k[2]
+    sd, sh, sw = st[0], st[1], st[2]
+    dd, dh, dw = di[0], di[1], di[2]
+    pd, ph, pw = pb[0], pb[1], pb[2]
     for t in range(P):
+        plane = x[t]
         for a in range(OD):
+            z0, i_lo, i_hi = _taps(a, sd, pd, dd, kd, D)
+            pad_d = _taps(a, sd, 0, dd, kd, limit[0] + pd)[2] if include_pad else 0
             for b in range(OH):
+                y0, j_lo, j_hi = _taps(b, sh, ph, dh, kh, H)
+                pad_h = _taps(b, sh, 0, dh, kh, limit[1] + ph)[2] if include_pad else 0
                 for e in range(OW):
+                    x0, l_lo, l_hi = _taps(e, sw, pw, dw, kw, W)
                     acc = np.float32(0.0)
-                    count = 0
-                    padded = 0
-                    for i in range(k[0]):
-                        z = a * st[0] - pb[0] + i * di[0]
-                        for j in range(k[1]):
-                            y = b * st[1] - pb[1] + j * di[1]
-                            for lw in range(k[2]):
-                                xx = e * st[2] - pb[2] + lw * di[2]
-                                if z < limit[0] and y < limit[1] and xx < limit[2]:
-                                    padded += 1
-                                if 0 <= z < D and 0 <= y < H and 0 <= xx < W:
-                                    acc += x[t, z, y, xx]
-                                    count += 1
-                    divisor = padded if include_pad else count
+                    for i in range(i_lo, i_hi):
+                        for j in range(j_lo, j_hi):
+                            row = plane[z0 + i * dd, y0 + j * dh]
+                            for lw in range(l_lo, l_hi):
+                                acc += row[x0 + lw * dw]
+                    if include_pad:
+                        divisor = pad_d * pad_h * _taps(e, sw, 0, dw, kw, limit[2] + pw)[2]
+                    else:
+                        divisor = (i_hi - i_lo) * (j_hi - j_lo) * (l_hi - l_lo)
                     out[t, a, b, e] = acc / divisor if divisor > 0 else np.float32(0.0)
 
 
