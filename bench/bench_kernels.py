@@ -15,11 +15,16 @@ Two interpreter runs are timed:
   onnxruntime performs the same folding and fusion in its default graph optimizations.
 
 Both use the same thread count as onnxruntime (intra-op threads = numba threads = BLAS threads
-= 2). Times are the best of N runs. The script checks the logits against onnxruntime, then
-measures JIT cost in two child processes sharing a fresh ``NUMBA_CACHE_DIR``: the first compiles
-every kernel the model needs (cold), the second loads them from the cache (warm start).
+= 2). Each engine is timed in a child process of its own (an idle onnxruntime session in the same
+process slowed the kernels by ~40%), rounds alternating; times are the best of all runs. The
+script checks the outputs against onnxruntime, then measures JIT cost in two child processes
+sharing a fresh ``NUMBA_CACHE_DIR``: the first compiles every kernel the model needs (cold), the
+second loads them from the cache (warm start).
 
-Run: ``python bench/bench_kernels.py [--repeat N]``.
+The GEMMs go through numpy's OpenBLAS, whose kernel family follows ``OPENBLAS_CORETYPE`` (the
+line printed says which); onnxruntime uses its own MLAS kernels.
+
+Run: ``python bench/bench_kernels.py [--repeat N] [--rounds R]``.
 """
 
 from __future__ import annotations
@@ -148,8 +153,12 @@ def _fuse(nodes: list, params: dict[str, np.ndarray]) -> list:
     return [n for k, n in enumerate(nodes) if k not in dropped]
 
 
-def run_plan(steps: list[Step], params: dict[str, np.ndarray], feeds: dict[str, np.ndarray],
-             wanted: list[str]) -> list[np.ndarray]:
+def run_plan(
+    steps: list[Step],
+    params: dict[str, np.ndarray],
+    feeds: dict[str, np.ndarray],
+    wanted: list[str],
+) -> list[np.ndarray]:
     """Run the kernel calls; return the ``wanted`` values."""
     env = {**params, **feeds}
     for fn, ins, outs, attrs in steps:
@@ -168,88 +177,111 @@ def best_of(fn: Callable[[], Any], repeat: int) -> float:
     return best
 
 
-def jit_probe() -> None:
-    """Child process: time import, first run (JIT or cache load) and a steady run; print JSON."""
+ENGINES = ("onnxruntime CPU", "kernels, fused", "kernels, op-by-op")
+
+
+def _engine(name: str, model: onnx.ModelProto) -> tuple[Callable[[], Any], int]:
+    """A no-argument run of ``model`` on engine ``name``, and its number of kernel calls."""
+    x = np.random.default_rng(1).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    feeds = {"gpu_0/data_0": x}
+    outs = [o.name for o in model.graph.output]
+    if name == "onnxruntime CPU":
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = THREADS
+        so.inter_op_num_threads = 1
+        sess = ort.InferenceSession(
+            model.SerializeToString(), so, providers=["CPUExecutionProvider"]
+        )
+        return (lambda: sess.run(outs, feeds)), 0
+    steps, params = plan(model, fuse=name == "kernels, fused")
+    return (lambda: run_plan(steps, params, feeds, outs)), len(steps)
+
+
+def child(mode: str, repeat: int) -> None:
+    """Child process: time one engine (or the JIT of the fused plan); print one JSON line."""
     t0 = time.perf_counter()
     import npu_sim.kernels  # noqa: F401
 
     t1 = time.perf_counter()
     model = build_model()
-    steps, params = plan(model, fuse=True)
-    x = np.random.default_rng(1).standard_normal((1, 3, 224, 224)).astype(np.float32)
-    outs = [o.name for o in model.graph.output]
+    name = "kernels, fused" if mode == "jit" else mode
+    run, calls = _engine(name, model)
     t2 = time.perf_counter()
-    run_plan(steps, params, {"gpu_0/data_0": x}, outs)
+    run()  # compiles (or loads from the cache) every kernel the model needs
     t3 = time.perf_counter()
-    steady = best_of(lambda: run_plan(steps, params, {"gpu_0/data_0": x}, outs), 2)
-    print(json.dumps({"import": t1 - t0, "first": t3 - t2, "steady": steady}))
+    best = best_of(run, repeat)
+    print(json.dumps({"import": t1 - t0, "first": t3 - t2, "best": best, "calls": calls}))
 
 
-def _probe(cache_dir: str) -> dict[str, float]:
-    env = {**os.environ, "NUMBA_CACHE_DIR": cache_dir}
-    out = subprocess.run([sys.executable, __file__, "--jit-probe"], env=env, check=True,
-                         capture_output=True, text=True).stdout
+def _child(mode: str, repeat: int, env: dict[str, str] | None = None) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", mode, "--repeat", str(repeat)],
+        env={**os.environ, **(env or {})},
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=5, help="timed runs per engine (best of)")
-    parser.add_argument("--jit-probe", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.jit_probe:
-        jit_probe()
-        return
-    import numba
+def check_outputs(model: onnx.ModelProto) -> None:
+    """Both kernel plans give onnxruntime's logits and probabilities."""
     import onnxruntime as ort
 
-    numba.set_num_threads(THREADS)
-    model = build_model()
     x = np.random.default_rng(1).standard_normal((1, 3, 224, 224)).astype(np.float32)
-    feeds = {"gpu_0/data_0": x}
     outs = [o.name for o in model.graph.output]
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = THREADS
-    so.inter_op_num_threads = 1
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    ref = sess.run(outs, feeds)
-    runs: dict[str, Callable[[], Any]] = {"onnxruntime CPU": lambda: sess.run(outs, feeds)}
-    calls = {}
-    for fuse in (False, True):
-        steps, params = plan(model, fuse)
-        got = run_plan(steps, params, feeds, outs)  # also compiles / loads the kernels
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ref = sess.run(outs, {"gpu_0/data_0": x})
+    for fuse in (True, False):
+        got = run_plan(*plan(model, fuse), {"gpu_0/data_0": x}, outs)
         for name, a, e in zip(outs, got, ref, strict=True):
             # Logits are sums over up to 4608 products per layer through 50 layers: agree to
             # float32 accumulation-order noise relative to their scale.
             err = float(np.max(np.abs(a - e)) / (np.max(np.abs(e)) + 1e-30))
             assert err < 1e-3, f"{name}: max error {err:.2e} relative to the output's scale"
-        label = "kernels, fused" if fuse else "kernels, op-by-op"
-        runs[label] = lambda s=steps, p=params: run_plan(s, p, feeds, outs)
-        calls[label] = len(steps)
-    # Engines run in blocks, never interleaved: onnxruntime's pool threads (and BLAS's) keep
-    # spinning after a run and would slow whichever engine ran next. Two rounds of blocks, best
-    # of all, damp the noise of a shared machine.
-    best = dict.fromkeys(runs, float("inf"))
-    for _ in range(2):
-        for label, fn in runs.items():
-            best[label] = min(best[label], best_of(fn, args.repeat))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=10, help="timed runs per engine (best of)")
+    parser.add_argument("--rounds", type=int, default=2, help="child processes per engine")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.repeat)
+        return
+    check_outputs(build_model())
+    # Each engine is timed in its own process: an idle onnxruntime session's spinning pool
+    # threads measurably slow other work in the same process, and vice versa. Rounds alternate
+    # the engines to spread the noise of a shared machine; the best time of all counts.
+    best = dict.fromkeys(ENGINES, float("inf"))
+    calls = {}
+    for _ in range(args.rounds):
+        for name in ENGINES:
+            r = _child(name, args.repeat)
+            best[name] = min(best[name], r["best"])
+            calls[name] = int(r["calls"])
     coretype = os.environ.get("OPENBLAS_CORETYPE", "auto-detected")
-    print(f"ResNet-50 (light_resnet50, random weights), batch 1, 224x224, {THREADS} threads, "
-          f"best of {2 * args.repeat}; OpenBLAS core: {coretype}")
+    print(
+        f"ResNet-50 (light_resnet50, random weights), batch 1, 224x224, {THREADS} threads, "
+        f"best of {args.rounds}x{args.repeat}; OpenBLAS core: {coretype}"
+    )
     t_ort = best["onnxruntime CPU"]
-    for label, t in best.items():
-        extra = "" if label not in calls else (
-            f"   ratio {t / t_ort:5.2f}x  ({calls[label]} kernel calls; outputs match)"
-        )
-        print(f"  {label:<20}{t * 1e3:8.1f} ms{extra}")
+    for name, t in best.items():
+        extra = f"   ratio {t / t_ort:5.2f}x  ({calls[name]} kernel calls)" if calls[name] else ""
+        print(f"  {name:<20}{t * 1e3:8.1f} ms{extra}")
+    print("  outputs (logits, probabilities) match onnxruntime for both kernel plans")
     with tempfile.TemporaryDirectory(prefix="numba-cache-") as cache:
-        cold, warm = _probe(cache), _probe(cache)
-    print("  JIT, fresh NUMBA_CACHE_DIR (child processes, fused plan):")
+        cold = _child("jit", 2, {"NUMBA_CACHE_DIR": cache})
+        warm = _child("jit", 2, {"NUMBA_CACHE_DIR": cache})
+    print("  JIT of the fused plan's kernels, fresh NUMBA_CACHE_DIR (child processes):")
     for label, r in (("cold (compile)", cold), ("warm (cache)", warm)):
-        print(f"    {label:<15} import {r['import']:.2f} s, first run {r['first']:.2f} s, "
-              f"steady run {r['steady']:.3f} s -> JIT/load overhead "
-              f"{r['first'] - r['steady']:.2f} s")
+        print(
+            f"    {label:<15} import {r['import']:.2f} s, first run {r['first']:.2f} s, "
+            f"steady run {r['best']:.3f} s -> JIT/load overhead {r['first'] - r['best']:.2f} s"
+        )
 
 
 if __name__ == "__main__":
