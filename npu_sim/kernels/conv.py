@@ -103,10 +103,11 @@ def window(
         raise KernelError(op, "", f"auto_pad={auto_pad!r}; expected one of {list(_AUTO_PADS)}")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         out = [-(-i // s) for i, s in zip(in_shape, strides, strict=True)]
-        # Not clamped at 0 (spec and onnxruntime): a window smaller than the stride can need
-        # negative padding, which crops.
+        # A window smaller than the stride can "need" negative padding; onnxruntime's Conv
+        # clamps it to 0 (its pools crop or fail instead), and so do all kernels here.
         total = [
-            (o - 1) * s + f - i for o, s, f, i in zip(out, strides, span, in_shape, strict=True)
+            max(0, (o - 1) * s + f - i)
+            for o, s, f, i in zip(out, strides, span, in_shape, strict=True)
         ]
         begin, end = split_pads(total, upper=auto_pad == "SAME_UPPER")
     else:
@@ -137,11 +138,9 @@ def window(
 
 
 def split_pads(total: Sequence[int], *, upper: bool) -> tuple[list[int], list[int]]:
-    """Split total padding per axis: the odd unit goes at the end (upper) or the start.
-
-    Halves round toward zero, as in onnxruntime, which matters for negative totals.
-    """
-    begin = [int((t if upper else t + 1) / 2) for t in total]
+    """Split non-negative total padding per axis: the odd unit goes at the end (upper) or the
+    start (lower)."""
+    begin = [(t if upper else t + 1) // 2 for t in total]
     return begin, [t - b for t, b in zip(total, begin, strict=True)]
 
 
@@ -171,13 +170,20 @@ def as5d(x: np.ndarray) -> np.ndarray:
 
 
 def _padded(x: np.ndarray, begin: Sequence[int], end: Sequence[int]) -> np.ndarray:
-    """``x`` (C, D, H, W) with zero padding (or, for negative pads, cropping) on D, H, W."""
+    """``x`` (C, D, H, W) zero-padded (or, for negative pads, cropped) on D, H, W; contiguous."""
     crop = tuple(
         slice(max(0, -b), n - max(0, -e)) for b, e, n in zip(begin, end, x.shape[1:], strict=True)
     )
     x = x[(slice(None),) + crop]
-    widths = [(0, 0)] + [(max(0, b), max(0, e)) for b, e in zip(begin, end, strict=True)]
-    return np.pad(x, widths) if any(w for pair in widths for w in pair) else x
+    if not any(b > 0 or e > 0 for b, e in zip(begin, end, strict=True)):
+        return np.ascontiguousarray(x)
+    shape = (x.shape[0],) + tuple(
+        n + max(0, b) + max(0, e) for n, b, e in zip(x.shape[1:], begin, end, strict=True)
+    )
+    xp = np.zeros(shape, x.dtype)
+    inner = tuple(slice(max(0, b), max(0, b) + n) for b, n in zip(begin, x.shape[1:], strict=True))
+    xp[(slice(None),) + inner] = x
+    return xp
 
 
 def im2col(x: np.ndarray, win: Window, cols: np.ndarray) -> None:
@@ -192,17 +198,17 @@ def im2col(x: np.ndarray, win: Window, cols: np.ndarray) -> None:
     k3, st3, di3, pb3 = win.as3()
     lead = MAX_SPATIAL - len(win.out)
     xp = _padded(x, pb3.tolist(), [0] * lead + list(win.pads_end))
-    out3 = (1,) * lead + win.out
     s = xp.strides
-    view = np.lib.stride_tricks.as_strided(
-        xp,
-        shape=(x.shape[0], *k3.tolist(), *out3),
+    # Every index stays inside xp: (k - 1) * dilation + (out - 1) * stride < padded length.
+    view = np.ndarray(
+        (x.shape[0], *k3.tolist(), *((1,) * lead + win.out)),
+        xp.dtype,
+        buffer=xp,
         strides=(
             s[0],
             *(s[a + 1] * int(di3[a]) for a in range(3)),
             *(s[a + 1] * int(st3[a]) for a in range(3)),
         ),
-        writeable=False,
     )
     np.copyto(cols.reshape(view.shape), view)
 

@@ -136,6 +136,14 @@ def test_fused_activation_equals_conv_then_activation(op, activation, params, or
     assert_matches(fused, expected)
 
 
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER"])
+@pytest.mark.parametrize("width", [3, 8])
+def test_negative_same_padding_is_clamped(auto_pad, width):
+    """Kernel 1, stride 3: SAME "needs" a total pad of -2 (width 3) or -1 (width 8)."""
+    x, w = _inputs([(1, 2, 1, width), (2, 2, 1, 1)], 11, np.float32)
+    check_against_ort("Conv", [x, w], {"strides": [1, 3], "auto_pad": auto_pad})
+
+
 def test_conv_keeps_half_dtype_and_rounds_once():
     x, w = _inputs([(1, 3, 4, 4), (2, 3, 2, 2)], 3, np.float16)
     (y,) = run_kernel("Conv", [x, w], {})
