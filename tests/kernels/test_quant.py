@@ -75,17 +75,18 @@ def test_matmul_integer_matches_ort(m, k, n, batch, seed, a_dtype, b_dtype, zp_k
 
 @settings(max_examples=30, deadline=None)
 @given(m=st.integers(1, 6), k=st.integers(1, 40), n=st.integers(1, 6), seed=seeds,
-       a_dtype=INT8S, b_dtype=INT8S)
-def test_qlinear_matmul_matches_ort(m, k, n, seed, a_dtype, b_dtype):
+       a_dtype=INT8S, b_dtype=INT8S, per_column=st.booleans())
+def test_qlinear_matmul_matches_ort(m, k, n, seed, a_dtype, b_dtype, per_column):
     # onnxruntime implements QLinearMatMul only with y in a's dtype, and int8 a with int8 b
     if a_dtype == np.int8:
         b_dtype = a_dtype
+    b_params = (n,) if per_column else ()  # per-column b scales and zero points: opset 21
     inputs = [random_array(seed, (2, m, k), a_dtype, -128, 255), _scale(seed + 1, ()),
               _zero_point(seed + 2, (), a_dtype),
-              random_array(seed + 3, (k, n), b_dtype, -128, 255), _scale(seed + 4, ()),
-              _zero_point(seed + 5, (), b_dtype), _scale(seed + 6, (), 4.0),
+              random_array(seed + 3, (k, n), b_dtype, -128, 255), _scale(seed + 4, b_params),
+              _zero_point(seed + 5, b_params, b_dtype), _scale(seed + 6, (), 4.0),
               _zero_point(seed + 7, (), a_dtype)]
-    check_against_ort("QLinearMatMul", inputs)
+    check_against_ort("QLinearMatMul", inputs, opset=21 if per_column else 17)
 
 
 @st.composite
