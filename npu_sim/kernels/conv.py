@@ -344,6 +344,16 @@ def conv_nd(x: np.ndarray, w: np.ndarray, group: int, win: Window) -> np.ndarray
     return y.reshape((n, m) + win.out)
 
 
+def add_bias(y: np.ndarray, bias: np.ndarray) -> None:
+    """``y[:, m] += bias[m]`` in place, for a contiguous ``y`` of shape (N, M, *spatial).
+
+    Viewed as (N, M, pixels) so numpy's inner loop runs over all pixels of a channel; a 4-D
+    broadcast would run it over one image row (7 to 56 elements here) and measured slower.
+    """
+    flat = y.reshape(y.shape[0], y.shape[1], -1)
+    np.add(flat, bias[:, None], out=flat)
+
+
 def _bias(op: str, b: np.ndarray | None, m: int) -> np.ndarray | None:
     if b is None:
         return None
@@ -368,7 +378,7 @@ def conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[
     bias = _bias("Conv", b, w.shape[0])
     y = conv_nd(to_compute("Conv", "X", x), to_compute("Conv", "W", w), group, win)
     if bias is not None:
-        y += bias.reshape((1, -1) + (1,) * len(win.out))
+        add_bias(y, bias)
     return [finish(y, attrs, dtype)]
 
 
@@ -478,5 +488,5 @@ def conv_transpose(
         _col2im(cols.reshape(m * kp, pixels), k3, st3, di3, pb3, in3, y[i])
     y = y.reshape((n, m) + win.out)
     if bias is not None:
-        y += bias.reshape((1, -1) + (1,) * len(win.out))
+        add_bias(y, bias)
     return [finish(y, attrs, dtype)]
