@@ -5,7 +5,7 @@ Linear quantization maps a real value ``r`` to an integer ``q`` through a scale 
 scale`` (ONNX opset 13 semantics), per tensor or per axis (one scale per slice along ``axis``).
 
 The integer ops accumulate ``(a - a_zero) * (b - b_zero)`` exactly, as an NPU's int8 MAC array
-does into int32. The accumulation runs through float64 BLAS (and the float64 instantiation of the
+does into int32. The accumulation runs through float64 BLAS (and the float64 path of the
 im2col conv in :mod:`npu_sim.kernels.conv`): every product of two 9-bit differences is below 2**17
 and every partial sum below 2**53, so float64 holds each one exactly. The QLinear ops then
 requantize like onnxruntime does: the multiplier ``in_scale * w_scale / y_scale`` and the product
@@ -193,7 +193,8 @@ def requantize(
     acc: np.ndarray, multiplier: np.ndarray, zero_point: np.ndarray, dtype: np.dtype
 ) -> np.ndarray:
     """``saturate(rint(float32(acc) * multiplier) + zero_point)`` as onnxruntime computes it."""
-    scaled = np.rint(acc.astype(np.float32) * multiplier.astype(np.float32))
+    # acc passes through the int32 accumulator (wrapping like the hardware) before scaling
+    scaled = np.rint(acc.astype(np.int32).astype(np.float32) * multiplier.astype(np.float32))
     return saturate(scaled + zero_point.astype(np.float32), dtype)
 
 
