@@ -3,6 +3,10 @@
 One program with subcommands, each registered by a small ``_add_<name>`` function that adds its
 parser and sets ``handler``; :func:`main` parses and dispatches. Subcommands:
 
+- ``npu-sim run [MODEL]``: the main job. Run a model (default: the bundled ``tiny_cnn``) through
+  ``ep.InferenceSession`` on the simulated NPU with CPU fallback, check its outputs against
+  onnxruntime's CPU provider, and print the partitioning, the simulated latency and the
+  per-engine utilization. Exits with status 1 if the outputs do not match.
 - ``npu-sim inspect FILE``: print everything a context binary holds (header, section table,
   every graph with its tensors, launches and decoded commands, and how the weights blob is
   shared). A file that does not load prints the :class:`ep.errors.InvalidGraph` message to stderr
@@ -42,8 +46,73 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="npu-sim", description="Tools for the simulated NPU and its execution provider.")
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_run(commands)
     _add_inspect(commands)
     return parser
+
+
+# -- run --------------------------------------------------------------------------------------
+
+
+def _add_run(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "run", help="run a model on the simulated NPU and check it against onnxruntime",
+        description="Run MODEL (default: the bundled tiny_cnn, built in code) with "
+                    "NpuSimExecutionProvider and CPU fallback on random inputs, compare the "
+                    "outputs with onnxruntime's CPU provider, and report the simulated run.")
+    p.add_argument("model", nargs="?", default=None, help="path of an .onnx model")
+    p.add_argument("--device", default="npu-m",
+                   help="device preset (npu-s, npu-m, npu-l, os32) or a JSON/TOML config path")
+    p.add_argument("--timing-only", action="store_true",
+                   help="simulate timing only: no values computed, no comparison")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace, out: TextIO) -> int:
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from ep import InferenceSession
+    from ep.models import DEFAULT_MODEL_NAME, sample_input, tiny_cnn
+
+    if args.model is None:
+        model, label = tiny_cnn(), f"{DEFAULT_MODEL_NAME} (bundled)"
+        source: str | bytes = model.SerializeToString()
+    else:
+        model, label, source = onnx.load(args.model), args.model, args.model
+    options = {"device": args.device, "functional": "0" if args.timing_only else "1"}
+    session = InferenceSession(source, providers=[("NpuSimExecutionProvider", options)])
+    feeds = sample_input(model, args.seed)
+    outputs = session.run(None, feeds)
+
+    print(f"model: {label}", file=out)
+    for part in session.get_partitions():
+        nodes = part["nodes"]
+        print(f"  {part['name']:<10} {part['provider']:<26} {len(nodes):>4} node(s)", file=out)
+    for node, why in session.get_decline_reasons().items():
+        reason = why.get("NpuSimExecutionProvider", "")
+        print(f"  declined {node}: {reason[:100]}", file=out)
+    for name, stats in session.get_run_stats().items():
+        if not isinstance(stats, dict) or "cycles" not in stats:
+            continue
+        print(f"{name} {stats['node']}: {stats['cycles']:,} cycles = "
+              f"{stats['microseconds']:.1f} us simulated", file=out)
+        busy = ", ".join(f"{engine} {100 * u:.0f}%" for engine, u in stats["utilization"].items())
+        print(f"  utilization: {busy}", file=out)
+    if args.timing_only:
+        return 0
+
+    reference = ort.InferenceSession(source, providers=["CPUExecutionProvider"]).run(None, feeds)
+    ok = True
+    for arg, got, want in zip(session.get_outputs(), outputs, reference, strict=True):
+        match = got.shape == want.shape and np.allclose(got, want, rtol=1e-4, atol=1e-5)
+        diff = float(np.max(np.abs(got.astype(np.float64) - want))) if got.size else 0.0
+        print(f"output {arg.name}: {got.dtype}{list(got.shape)} max |diff| vs onnxruntime "
+              f"{diff:.2e} {'OK' if match else 'MISMATCH'}", file=out)
+        ok &= match
+    return 0 if ok else 1
 
 
 # -- inspect ----------------------------------------------------------------------------------
