@@ -78,6 +78,9 @@ def test_error_paths_leave_state_unchanged(strategy):
     a = hbm.malloc(1000)
     hbm.free(hbm.malloc(512))
     foreign = other.malloc(512)
+    assert foreign.address == a.address  # same address, other device: must not alias `a`
+    data = (np.arange(1000) % 251).astype(np.uint8)
+    hbm.write(a.address, data)
     before = hbm.stats()
     for bad in (0, -1, 1.5, "12", None, True):
         with pytest.raises(InvalidFree, match="malloc"):
@@ -88,6 +91,9 @@ def test_error_paths_leave_state_unchanged(strategy):
         hbm.free(foreign)
     with pytest.raises(InvalidFree, match="expected a DeviceBuffer"):
         hbm.free(a.address)
+    # Every refused call left the allocator and the contents exactly as they were.
+    assert hbm.stats() == before
+    np.testing.assert_array_equal(hbm.read(a.address, 1000), data)
     hbm.free(a)
     after_free = hbm.stats()
     with pytest.raises(InvalidFree, match="double free"):
