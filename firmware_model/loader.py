@@ -151,11 +151,12 @@ def _check_io(program: Program, nbytes: list[int | None], problems: list[str]) -
 def _check_weights(program: Program, nbytes: list[int | None], problems: list[str],
                    functional: bool) -> None:
     weight_idx = [i for i, t in enumerate(program.tensors) if t.region == Region.WEIGHTS]
+    is_weight = set(weight_idx)
     for key in program.weights:
-        if key not in weight_idx:
+        if key not in is_weight:
             problems.append(f"weights has an entry for tensor {key!r}, which is not a WEIGHTS "
                             "tensor")
-    placed: dict[tuple[int, int], int] = {}
+    entries: list[tuple[int, tuple[int, int]]] = []  # (tensor, HBM span), in tensor order
     for i in weight_idx:
         t, n = program.tensors[i], nbytes[i]
         if n is None:
@@ -169,17 +170,46 @@ def _check_weights(program: Program, nbytes: list[int | None], problems: list[st
                 type(data).__name__
             problems.append(f"weight tensor {i} {t.name!r}: expected {n} bytes, got {got}")
             continue
-        span = (t.offset, t.offset + n)
-        for (start, end), j in placed.items():
-            if not _ranges_overlap(span, (start, end)):
+        entries.append((i, (t.offset, t.offset + n)))
+    problems.extend(_weight_overlaps(program, entries))
+
+
+def _weight_overlaps(program: Program, entries: list[tuple[int, tuple[int, int]]]) -> list[str]:
+    """Each weight against every distinct range placed before it (the first tensor placed at
+    each range stands for it): overlapping ranges are a problem unless they are the same range
+    with the same bytes. Sorting the ranges finds the overlapping pairs in O(n log n) plus the
+    number of overlaps."""
+    first: dict[tuple[int, int], int] = {}  # range -> position in entries of its first tensor
+    for pos, (_, span) in enumerate(entries):
+        first.setdefault(span, pos)
+    ranges = sorted(first)
+    overlapping: dict[tuple[int, int], list[tuple[int, int]]] = {r: [] for r in ranges}
+    for k, span in enumerate(ranges):
+        for other in ranges[k:]:
+            if other[0] >= span[1] and other != span:
+                break
+            if _ranges_overlap(span, other):
+                overlapping[span].append(other)
+                if other != span:
+                    overlapping[other].append(span)
+    weights = program.weights
+    found: list[tuple[int, int, str]] = []  # (position, position of the range's first, message)
+    for pos, (i, span) in enumerate(entries):
+        t = program.tensors[i]
+        for other in overlapping[span]:
+            first_pos = first[other]
+            if first_pos >= pos:
                 continue
-            same = span == (start, end) and (data is None or program.weights.get(j) is None
-                                             or bytes(data) == bytes(program.weights[j]))
+            j = entries[first_pos][0]
+            same = span == other and (weights.get(i) is None or weights.get(j) is None
+                                      or np.array_equal(_host_bytes(weights[i]),
+                                                        _host_bytes(weights[j])))
             if not same:
-                problems.append(f"weight tensors {program.tensors[j].name!r} and {t.name!r} "
-                                f"overlap ([{start}, {end}) and [{span[0]}, {span[1]})); only "
-                                "identical contents may share a range")
-        placed.setdefault(span, i)
+                found.append((pos, first_pos,
+                              f"weight tensors {program.tensors[j].name!r} and {t.name!r} "
+                              f"overlap ([{other[0]}, {other[1]}) and [{span[0]}, {span[1]})); "
+                              "only identical contents may share a range"))
+    return [message for _, _, message in sorted(found)]
 
 
 def _check_launches(program: Program, problems: list[str]) -> None:
@@ -266,20 +296,77 @@ def load_program(fw: Firmware, program: Program, *, functional: bool = True) -> 
             loaded.arena = device.malloc(program.arena_bytes)
         if program.weights_bytes:
             loaded.weights = device.malloc(program.weights_bytes)
-            staging = np.zeros(program.weights_bytes, np.uint8)
-            for i, data in program.weights.items():
-                t = program.tensors[i]
-                staging[t.offset:t.offset + len(data)] = np.frombuffer(bytes(data), np.uint8)
-            iova = device.map_host(staging)
-            try:
-                fw.run([Dma(0, iova, loaded.weights.address, program.weights_bytes)])
-            finally:
-                device.unmap_host(iova)
+            _upload_weights(fw, program, loaded.weights.address)
     except BaseException:
         loaded.unload()
         raise
     loaded.commands = [_relocate(c, loaded) for c in commands]
     return loaded
+
+
+def _upload_weights(fw: Firmware, program: Program, base: int) -> None:
+    """DMA every weight straight from its own host memory to ``base + offset``.
+
+    The weights are usually read-only views into a mapped context binary: each distinct host
+    buffer is mapped once (no copy) and every distinct HBM range gets one DMA, so the device
+    moves what a real loader moves. A weight at an offset that is not DMA-aligned goes through a
+    small staging window that starts at the aligned address below it and holds the bytes that
+    belong there (a neighbouring weight's, or zeros). Gaps between weights are not written:
+    fresh HBM reads as zeros.
+    """
+    device = fw.device
+    spans: dict[int, tuple[int, np.ndarray]] = {}  # offset -> (end, host bytes), one per range
+    for i, data in program.weights.items():
+        host = _host_bytes(data)
+        if host.size:
+            spans.setdefault(program.tensors[i].offset, (program.tensors[i].offset + host.size,
+                                                         host))
+    order = sorted(spans)
+    maps: dict[tuple[int, int], int] = {}  # (host address, bytes) -> iova
+    dmas: list[tuple[int, int, int]] = []  # (iova, HBM address, bytes)
+    try:
+        for k, offset in enumerate(order):
+            end, host = spans[offset]
+            start = offset - offset % DMA_ALIGNMENT
+            if start != offset:
+                host = _staging(spans, order, k, start)
+            key = (host.__array_interface__["data"][0], host.size)
+            if key not in maps:
+                maps[key] = device.map_host(host)
+            dmas.append((maps[key], base + start, end - start))
+        per_submission = max(1, fw.ring_entries)
+        for first in range(0, len(dmas), per_submission):
+            batch = dmas[first:first + per_submission]
+            fw.run([Dma(n, src, dst, size) for n, (src, dst, size) in enumerate(batch)])
+    finally:
+        for iova in maps.values():
+            device.unmap_host(iova)
+
+
+def _host_bytes(data: bytes | bytearray | memoryview) -> np.ndarray:
+    """``data`` as a flat ``uint8`` array sharing its memory (a copy only if not contiguous)."""
+    try:
+        return np.frombuffer(data, np.uint8)
+    except (BufferError, ValueError):
+        return np.frombuffer(bytes(data), np.uint8)
+
+
+def _staging(spans: dict[int, tuple[int, np.ndarray]], order: list[int], k: int,
+             start: int) -> np.ndarray:
+    """The bytes of HBM range ``[start, end of span k)``: span ``k`` and whatever of the
+    spans before it reaches into the (at most 3-byte) aligned head; zeros elsewhere."""
+    offset = order[k]
+    end, host = spans[offset]
+    window = np.zeros(end - start, np.uint8)
+    window[offset - start:] = host
+    j = k - 1
+    while j >= 0 and spans[order[j]][0] > start:
+        prev = order[j]
+        prev_end, prev_host = spans[prev]
+        lo = max(prev, start)
+        window[lo - start:prev_end - start] = prev_host[lo - prev:prev_end - prev]
+        j -= 1
+    return window
 
 
 def _relocate(cmd: Command, loaded: LoadedProgram) -> Command:

@@ -1,0 +1,139 @@
+"""Weight upload and the weight-overlap check of the program loader, against simple references.
+
+The loader DMAs each weight straight from its host memory (no staging copy) and finds
+overlapping weight ranges by sorting; these tests compare both with the obvious O(n^2)
+formulation on generated layouts, including byte-sized weights at unaligned offsets.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from firmware_model import Firmware, Program, Region, TensorDesc
+from firmware_model.loader import validate
+from npu_sim.device import Device
+from npu_sim.errors import InvalidCommand
+
+ITEMSIZE = {"uint8": 1, "int16": 2, "float32": 4}
+POOL = [bytes(range(7, 7 + 64)), bytes(64), bytes(range(200, 136, -1))]
+
+
+@st.composite
+def weight_layouts(draw, packed: bool = False) -> list[tuple[str, int, int, int]]:
+    """(dtype, offset, element count, pool index) per weight. Ranges may touch or overlap;
+    ``packed`` lays them out one after another with small gaps (no overlaps), sometimes
+    repeating an earlier weight at the same range."""
+    out: list[tuple[str, int, int, int]] = []
+    end = 0
+    for _ in range(draw(st.integers(1, 8))):
+        if packed and out and draw(st.integers(0, 4)) == 0:
+            out.append(draw(st.sampled_from(out)))
+            continue
+        dtype = draw(st.sampled_from(sorted(ITEMSIZE)))
+        item = ITEMSIZE[dtype]
+        count = draw(st.integers(0, 64 // item))
+        if packed:
+            offset = -(-(end + draw(st.integers(0, 5))) // item) * item
+            end = offset + count * item
+        else:
+            offset = item * draw(st.integers(0, 96 // item))
+        out.append((dtype, offset, count, draw(st.integers(0, len(POOL) - 1))))
+    return out
+
+
+def program_of(layout: list[tuple[str, int, int, int]], *, as_views: bool = False) -> Program:
+    tensors, weights = [], {}
+    for k, (dtype, offset, count, pool) in enumerate(layout):
+        tensors.append(TensorDesc(f"w{k}", (count,), dtype, Region.WEIGHTS, offset))
+        data = POOL[pool][: count * ITEMSIZE[dtype]]
+        weights[k] = memoryview(data).toreadonly() if as_views else data
+    return Program("weights", tuple(tensors), (), b"", (), (), weights, 0)
+
+
+def reference_overlaps(program: Program) -> list[str]:
+    """The overlap messages, found by comparing each weight with every earlier range."""
+    problems, placed = [], {}
+    for i, t in enumerate(program.tensors):
+        span = (t.offset, t.offset + t.spec.nbytes)
+        for (start, end), j in placed.items():
+            if not (span[0] < end and start < span[1]):
+                continue
+            if span != (start, end) or program.weights[i] != program.weights[j]:
+                problems.append(f"weight tensors {program.tensors[j].name!r} and {t.name!r} "
+                                f"overlap ([{start}, {end}) and [{span[0]}, {span[1]})); only "
+                                "identical contents may share a range")
+        placed.setdefault(span, i)
+    return problems
+
+
+def problems_of(program: Program) -> list[str]:
+    try:
+        validate(program, cores=1, semaphores=1, ring_entries=16)
+    except InvalidCommand as exc:
+        return exc.problems
+    return []
+
+
+@settings(max_examples=150)
+@given(weight_layouts())
+def test_overlap_check_matches_the_pairwise_reference(layout):
+    program = program_of(layout)
+    assert problems_of(program) == reference_overlaps(program)
+
+
+@settings(max_examples=60)
+@given(weight_layouts(packed=True), st.booleans())
+def test_upload_writes_every_weight_and_moves_each_range_once(layout, as_views):
+    program = program_of(layout, as_views=as_views)
+    if reference_overlaps(program):
+        return
+    dev = Device("npu-s")
+    loaded = Firmware(dev, ring_entries=4).load(program)  # more weights than ring slots
+    expected = np.zeros(program.weights_bytes, np.uint8)
+    ranges = {}
+    for t, data in zip(program.tensors, program.weights.values(), strict=True):
+        expected[t.offset:t.offset + len(data)] = np.frombuffer(data, np.uint8)
+        if len(data):
+            ranges[t.offset] = t.offset + len(data)
+    if loaded.weights is not None:
+        got = dev.hbm.read(loaded.weights.address, program.weights_bytes)
+        np.testing.assert_array_equal(got, expected)
+    # One DMA per distinct range; an unaligned range also carries the bytes below it.
+    moved = sum(end - start + start % 4 for start, end in ranges.items())
+    assert dev.stats()["dma.h2d.bytes"] == moved
+    assert dev.host_map._starts == []  # every host mapping was released
+    loaded.unload()
+
+
+def test_weights_in_one_buffer_are_uploaded_from_views_without_copies():
+    blob = np.arange(64, dtype=np.float32)
+    view = memoryview(blob.tobytes()).toreadonly()
+    tensors = (TensorDesc("a", (16,), "float32", Region.WEIGHTS, 0),
+               TensorDesc("b", (16,), "float32", Region.WEIGHTS, 128))
+    program = Program("views", tensors, (), b"", (), (),
+                      {0: view[:64], 1: view[64:128]}, 0)
+    dev = Device("npu-s")
+    loaded = Firmware(dev).load(program)
+    got = dev.hbm.read(loaded.weights.address, program.weights_bytes).view(np.float32)
+    np.testing.assert_array_equal(got[:16], blob[:16])
+    np.testing.assert_array_equal(got[32:48], blob[16:32])
+    assert not got[16:32].any()
+    assert dev.stats()["dma.h2d.bytes"] == 128
+
+
+def test_a_failed_upload_unmaps_and_frees(monkeypatch):
+    dev = Device("npu-s")
+    fw = Firmware(dev)
+    program = program_of([("float32", 0, 16, 0)])
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(fw, "run", fail)
+    with pytest.raises(RuntimeError, match="injected"):
+        fw.load(program)
+    assert dev.host_map._starts == []
+    assert dev.hbm.stats()["hbm.bytes_in_use"] == 0
