@@ -6,7 +6,8 @@ device (the list is in ``docs/firmware.md``) and raises one
 :class:`~npu_sim.errors.InvalidCommand` listing every problem found. Only then does it allocate
 the ARENA and WEIGHTS regions, upload the weights through the firmware straight from their
 host memory (one DMA per distinct range, no staging copy), and relocate the command stream:
-every ``reloc(region, offset)`` address becomes the region's HBM base plus the offset. A failed load frees what it allocated.
+every ``reloc(region, offset)`` address becomes the region's HBM base plus the offset.
+A failed load frees what it allocated.
 
 :meth:`LoadedProgram.run` checks the inputs, then submits one submission: the input DMAs
 (host -> arena), a BARRIER, the program's commands, a BARRIER, the output DMAs (arena -> host).
