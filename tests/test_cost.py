@@ -276,6 +276,46 @@ def test_vector_split_over_cores_is_bounded(config, shape, op):
         assert one.total_cycles / cores <= many.total_cycles <= one.total_cycles
 
 
+# A 4-core os32 (32x32 arrays, 32 lanes) with HBM fast enough that compute decides: the bounds
+# tests above cannot pin how work is split, these numbers are worked out by hand.
+OS32X4 = OS32.replace(cores=4, hbm_gbps=4096.0)
+
+
+def test_row_split_by_hand():
+    # 129x100 @ 100x64: each core takes ceil(129/4) = 33 rows -> ceil(33/32) = 2 row folds
+    # (flooring to 32 rows would give 1) x ceil(64/32) = 2 column folds of 100 + 62 cycles.
+    cost = matmul(OS32X4, 129, 100, 64)
+    assert (cost.engine, cost.cores, cost.compute_cycles) == ("array", 4, 2 * 2 * (100 + 62))
+
+
+def test_item_split_by_hand():
+    # Batched B: 5 separate 32x64 @ 64x32 GEMMs of 1 fold (64 + 62 cycles). Row split: every
+    # core does all 5 on 8 rows (630); item split: the busiest core does ceil(5/4) = 2 (252).
+    cost = op_cost(OS32X4, "MatMul", [TensorSpec((5, 32, 64)), TensorSpec((5, 64, 32))],
+                   [TensorSpec((5, 32, 32))], {})
+    assert (cost.engine, cost.cores, cost.compute_cycles) == ("array", 4, 2 * (64 + 62))
+
+
+def test_vector_split_rounds_the_busiest_core_up():
+    # Gelu (6 lane-cycles/element) on 16 elements over 3 cores: the busiest core has
+    # ceil(16/3) = 6 elements = 36 lane-cycles = 2 cycles of 32 lanes (16*6/3 = 32 would be 1).
+    x = TensorSpec((16,))
+    cost = op_cost(OS32.replace(cores=3), "Gelu", [x], [x], {})
+    assert (cost.engine, cost.cores, cost.compute_cycles) == ("vector", 3, 2)
+
+
+def test_row_split_shrinks_the_resident_block_per_core():
+    # float16 512x1024 @ 1024x256: A 1 MiB, B 512 KiB, both over os32's 256 KiB buffer. One
+    # core holds B in 2 blocks and streams A twice; four cores each hold their 256 KiB of A,
+    # stream B once, and nothing is re-fetched.
+    a, b, out = 2 * 512 * 1024, 2 * 1024 * 256, 2 * 512 * 256
+    cfg = OS32.replace(cores=4)
+    one = matmul(cfg, 512, 1024, 256, cores=1)
+    assert one.hbm_bytes == b + 2 * a + out and one.notes.startswith("A re-fetched 2x")
+    four = matmul(cfg, 512, 1024, 256, cores=4)
+    assert (four.hbm_bytes, four.refetch, four.notes) == (a + b + out, 1.0, "")
+
+
 def test_vector_ops_by_hand_on_os32():
     # 32 lanes, 64 B/cycle. Add of two 1024-element float32 tensors: 1024/32 = 32 lane-cycles;
     # 3 x 4 KiB = 12 KiB moved = 192 memory cycles. Exp is 4 lane-cycles per element.
