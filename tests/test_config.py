@@ -82,8 +82,10 @@ def test_every_bad_field_value_names_the_field(data):
     value = data.draw(st.sampled_from(bad_values(field)))
     with pytest.raises(ConfigError) as info:
         DeviceConfig().replace(**{field: value})
-    assert info.value.field == field
-    assert field in str(info.value) and info.value.valid
+    assert info.value.field == field and repr(info.value.value) == repr(value)
+    # The message names the field, the value given and what would be valid.
+    assert f"{field}={value!r}" in str(info.value)
+    assert info.value.valid and info.value.valid in str(info.value)
 
 
 @pytest.mark.parametrize("field,value", [
