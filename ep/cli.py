@@ -155,9 +155,9 @@ def _print_header(binary: ContextBinary, path: str, out: TextIO) -> None:
     for key, value in rows:
         print(f"  {key:<15} {value}", file=out)
     print(f"\nsections ({len(binary.sections)})", file=out)
-    _table([(str(i), s.kind_name, str(s.offset), f"{s.length:,}", s.sha256.hex()[:16], "ok")
+    _table([(str(i), s.kind_name, str(s.offset), f"{s.length:,}", f"0x{s.crc32:08x}", "ok")
             for i, s in enumerate(binary.sections)],
-           ("#", "kind", "offset", "length", "sha256", "checksum"), out)
+           ("#", "kind", "offset", "length", "crc32", "checksum"), out)
     print(f"\ngraphs ({len(binary.graph_names())}): {', '.join(binary.graph_names())}", file=out)
 
 

@@ -25,8 +25,8 @@ HEADER_SIZE = 320
 HEADER_CRC_OFFSET = 16
 """Byte offset of the header crc32, which covers the header with this field read as zero."""
 
-SECTION = struct.Struct("<IIQQ32s")
-"""kind, flags (reserved, 0), offset, length, sha256 of the section's bytes."""
+SECTION = struct.Struct("<IIQQII")
+"""kind, flags (reserved, 0), offset, length, CRC-32 of the section's bytes, reserved (0)."""
 
 SECTION_ALIGN = 8
 WEIGHT_ALIGN = 512
@@ -112,7 +112,7 @@ class SectionEntry:
     kind: int
     offset: int
     length: int
-    sha256: bytes
+    crc32: int
 
     @property
     def kind_name(self) -> str:

@@ -3,7 +3,7 @@
 :class:`ContextBinary` opens a file through ``mmap`` (:meth:`ContextBinary.open`) or wraps bytes
 already in memory (:meth:`ContextBinary.from_bytes`, for EPContext embed mode). Opening checks
 the whole file before anything is used: magic, format and SDK versions, hardware architecture,
-header and section-table crc32s, the size, every section's bounds, alignment and sha256, the
+header and section-table crc32s, the size, every section's bounds, alignment and CRC-32, the
 padding between parts, and every record of every program. Each count and length is checked
 against the bytes that remain *before* anything is allocated from it, so a corrupt or hostile
 file costs at most its own size in memory and time. Every failure raises
@@ -16,7 +16,6 @@ given bytes): loading a binary copies no weights.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
 import mmap
 import os
@@ -139,9 +138,9 @@ def _parse_sections(view: memoryview, header: L.ContextHeader) -> list[L.Section
         )
     sections = []
     for i in range(count):
-        kind, _flags, offset, length, sha = L.SECTION.unpack_from(
+        kind, _flags, offset, length, crc, _reserved = L.SECTION.unpack_from(
             view, table_offset + i * L.SECTION.size)
-        entry = L.SectionEntry(kind, offset, length, sha)
+        entry = L.SectionEntry(kind, offset, length, crc)
         alignment = L.section_alignment(kind)
         if offset + length > size or offset % alignment:
             raise InvalidGraph(
@@ -152,11 +151,11 @@ def _parse_sections(view: memoryview, header: L.ContextHeader) -> list[L.Section
         sections.append(entry)
     _check_tiling(view, header, sections)
     for i, entry in enumerate(sections):
-        digest = hashlib.sha256(view[entry.offset : entry.offset + entry.length]).digest()
-        if digest != entry.sha256:
+        computed = zlib.crc32(view[entry.offset : entry.offset + entry.length])
+        if computed != entry.crc32:
             raise InvalidGraph(
-                f"checksum mismatch in section #{i} ({entry.kind_name}): stored sha256 "
-                f"{entry.sha256.hex()[:16]}..., computed {digest.hex()[:16]}..."
+                f"checksum mismatch in section #{i} ({entry.kind_name}): stored crc32 "
+                f"0x{entry.crc32:08x}, computed 0x{computed:08x}"
             )
     return sections
 

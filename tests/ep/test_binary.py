@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
+import re
 import struct
 import tracemalloc
 import zlib
@@ -188,9 +188,9 @@ def reseal(data: bytes | bytearray) -> bytes:
         at = table + i * L.SECTION.size
         if at + L.SECTION.size > len(data):
             break
-        _, _, offset, length, _ = L.SECTION.unpack_from(data, at)
+        _, _, offset, length, _, _ = L.SECTION.unpack_from(data, at)
         if offset + length <= len(data):
-            data[at + 24 : at + 56] = hashlib.sha256(data[offset : offset + length]).digest()
+            struct.pack_into("<I", data, at + 24, zlib.crc32(data[offset : offset + length]))
     table_end = min(len(data), table + count * L.SECTION.size)
     struct.pack_into("<I", data, L.HEADER.size - 4, zlib.crc32(data[table:table_end]))
     struct.pack_into("<I", data, L.HEADER_CRC_OFFSET, 0)
@@ -209,14 +209,24 @@ def test_wrong_magic(sample):
 
 def test_newer_format_version(sample):
     data = bytearray(sample)
-    struct.pack_into("<HH", data, 8, 2, 0)
+    struct.pack_into("<HH", data, 8, 3, 0)
     with pytest.raises(InvalidGraph) as info:
         ContextBinary.from_bytes(reseal(data))
-    assert info.value.message == "format version 2.0 is newer than this SDK supports (1.x)"
+    assert info.value.message == "format version 3.0 is newer than this SDK supports (2.x)"
+
+
+def test_format_1_0_is_refused_by_its_version_not_by_a_checksum(sample):
+    """1.0 had SHA-256 section checksums in 56-byte table entries; a 2.x reader must say so
+    instead of reporting a corrupt table."""
+    data = bytearray(sample)
+    struct.pack_into("<HH", data, 8, 1, 0)
+    with pytest.raises(InvalidGraph) as info:
+        ContextBinary.from_bytes(reseal(data))
+    assert info.value.message == "format version 1.0 is older than this SDK supports (2.x)"
 
 
 def test_newer_minor_version_with_an_unknown_section_is_accepted(sample):
-    """A minor bump may add section kinds: a 1.0 reader checks their bounds and sha256, then
+    """A minor bump may add section kinds: a 2.0 reader checks their bounds and CRC-32, then
     skips them. Here a kind-99 section is appended and the table moved behind it."""
     data = bytearray(sample)
     table_end = L.HEADER_SIZE + 5 * L.SECTION.size
@@ -226,13 +236,12 @@ def test_newer_minor_version_with_an_unknown_section_is_accepted(sample):
     extra_at = len(data)
     data += extra + bytes(L.align_up(len(extra), 8) - len(extra))
     table_at = len(data)
-    data += old_table + L.SECTION.pack(99, 0, extra_at, len(extra),
-                                       hashlib.sha256(extra).digest())
-    struct.pack_into("<HH", data, 8, 1, 7)
+    data += old_table + L.SECTION.pack(99, 0, extra_at, len(extra), zlib.crc32(extra), 0)
+    struct.pack_into("<HH", data, 8, 2, 7)
     struct.pack_into("<IQQ", data, 20, 6, table_at, len(data))
     sealed = bytearray(reseal(data))
     binary = ContextBinary.from_bytes(sealed)
-    assert binary.header.format_version == (1, 7)
+    assert binary.header.format_version == (2, 7)
     assert [s.kind_name for s in binary.sections][-1] == "unknown(99)"
     assert binary.programs() == sample_programs()
     # Its checksum is still verified.
@@ -329,14 +338,34 @@ def test_empty_file(tmp_path):
 # -- corruption -------------------------------------------------------------------------------
 
 
+def expected_flip_error(sample: bytes, position: int) -> str:
+    """What must catch a changed byte at ``position``: the check covering that part."""
+    sections = ContextBinary.from_bytes(sample).sections
+    table_end = L.HEADER_SIZE + len(sections) * L.SECTION.size
+    if position < L.HEADER_SIZE:
+        return "header"  # magic, version, size or header checksum: any header check
+    if position < table_end:
+        return "section table checksum mismatch"
+    for i, s in enumerate(sections):
+        if s.offset <= position < s.offset + s.length:
+            return rf"checksum mismatch in section #{i} \({s.kind_name}\)"
+    return "are not alignment padding"
+
+
 def test_every_single_byte_flip_is_detected(sample):
-    """Every byte of a valid file is covered by a checksum or a padding check."""
+    """Every byte of a valid file is covered by a checksum or a padding check, and the check
+    that fires is the one covering that byte (a CRC-32 catches every change of up to 32 bits,
+    so a single changed byte is always caught, whatever its value)."""
     data = bytearray(sample)
     for i in range(len(data)):
-        data[i] ^= 0xFF
-        with pytest.raises(InvalidGraph):
-            ContextBinary.from_bytes(bytes(data))
-        data[i] ^= 0xFF
+        expected = expected_flip_error(sample, i)
+        for mask in (0xFF, 0x01):
+            data[i] ^= mask
+            with pytest.raises(InvalidGraph) as info:
+                ContextBinary.from_bytes(bytes(data))
+            if expected != "header":
+                assert re.search(expected, info.value.message), (i, info.value.message)
+            data[i] ^= mask
 
 
 @settings(max_examples=60)
