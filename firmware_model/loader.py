@@ -203,8 +203,7 @@ def _weight_overlaps(program: Program, entries: list[tuple[int, tuple[int, int]]
                 continue
             j = entries[first_pos][0]
             same = span == other and (weights.get(i) is None or weights.get(j) is None
-                                      or np.array_equal(_host_bytes(weights[i]),
-                                                        _host_bytes(weights[j])))
+                                      or _same_bytes(weights[i], weights[j]))
             if not same:
                 found.append((pos, first_pos,
                               f"weight tensors {program.tensors[j].name!r} and {t.name!r} "
@@ -342,6 +341,14 @@ def _upload_weights(fw: Firmware, program: Program, base: int) -> None:
     finally:
         for iova in maps.values():
             device.unmap_host(iova)
+
+
+def _same_bytes(a: bytes | bytearray | memoryview, b: bytes | bytearray | memoryview) -> bool:
+    """Whether two weights hold the same bytes (at once when they are the same memory)."""
+    x, y = _host_bytes(a), _host_bytes(b)
+    if x.size == y.size and x.__array_interface__["data"][0] == y.__array_interface__["data"][0]:
+        return True
+    return bool(np.array_equal(x, y))
 
 
 def _host_bytes(data: bytes | bytearray | memoryview) -> np.ndarray:
