@@ -79,11 +79,15 @@ def test_fused_activation_equals_op_then_activation(op, activation, params, ort_
 
 
 BAD = [
-    ("MatMul", [np.zeros((2, 3), F), np.zeros((4, 5), F)], {}, "inner dimensions"),
+    ("MatMul", [np.zeros((2, 3), F), np.zeros((4, 5), F)], {},
+     r"inner dimensions differ: A \(2, 3\) has K=3, B \(4, 5\) has K=4"),
     ("MatMul", [np.zeros((2, 2, 3), F), np.zeros((3, 3, 4), F)], {}, "batch dimensions"),
-    ("MatMul", [np.zeros((), F), np.zeros((3,), F)], {}, "rank"),
-    ("MatMul", [np.zeros((2, 3), F), np.zeros((3, 4), np.float16)], {}, "dtype"),
-    ("MatMul", [np.zeros((2, 3), np.int32), np.zeros((3, 4), np.int32)], {}, "dtype"),
+    ("MatMul", [np.zeros((), F), np.zeros((3,), F)], {},
+     r"rank >= 1, got shapes \(\) and \(3,\)"),
+    ("MatMul", [np.zeros((2, 3), F), np.zeros((3, 4), np.float16)], {},
+     "B has dtype float16 but A has float32"),
+    ("MatMul", [np.zeros((2, 3), np.int32), np.zeros((3, 4), np.int32)], {},
+     "A has dtype int32; expected one of float32, float16, bfloat16"),
     ("MatMul", [np.zeros((2, 3), F)], {}, "needs 2 inputs"),
     ("Gemm", [np.zeros((2, 3), F), np.zeros((4, 5), F)], {}, "inner dimensions"),
     ("Gemm", [np.zeros((2, 3), F), np.zeros((2, 4), F)], {"transA": 0}, "inner dimensions"),
