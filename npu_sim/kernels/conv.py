@@ -29,6 +29,7 @@ import numpy as np
 from numba import njit
 
 from ..errors import KernelError
+from . import winograd
 from .gemm import finish, same_dtype, to_compute
 from .registry import kernel
 
@@ -332,6 +333,9 @@ def conv_nd(x: np.ndarray, w: np.ndarray, group: int, win: Window) -> np.ndarray
         y5 = np.zeros((n, m) + out3, x.dtype)
         _depthwise(x5, np.ascontiguousarray(as5d(w)), m // c, st3, di3, pb3, y5)
         return y5.reshape((n, m) + win.out)
+    # Winograd F(2x2, 3x3) for large 3x3 stride-1 layers: fewer multiplies (winograd.py).
+    if winograd.eligible(x.shape, w.shape, group, win.strides, win.dilations, win.out, x.dtype):
+        return winograd.conv3x3(x, w, group, win.pads_begin, win.out)
     rows = c * int(np.prod(k3))
     wg = w.reshape(group, m // group, rows // group)
     cols = scratch((rows, pixels), x.dtype)
