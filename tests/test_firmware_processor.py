@@ -27,7 +27,7 @@ from firmware_model import (
     pack,
 )
 from npu_sim.device import Device
-from npu_sim.errors import DeviceFault, InvalidCommand, KernelError
+from npu_sim.errors import ConfigError, DeviceFault, InvalidCommand, KernelError
 from npu_sim.kernels import register_kernel, unregister_kernel
 
 TILE = 256  # bytes per test tensor (64 float32)
@@ -290,10 +290,12 @@ def test_barrier_orders_everything_before_it_against_everything_after(rig):
 
 def test_firmware_arguments_are_validated():
     dev = Device("os32")
-    with pytest.raises(Exception, match="queues=0"):
+    with pytest.raises(ConfigError, match=r"queues=0 is invalid; expected an integer in \[1, "):
         Firmware(dev, queues=0)
-    with pytest.raises(Exception, match="ring_entries=0"):
+    with pytest.raises(ConfigError, match=r"ring_entries=0 is invalid; expected an integer in "):
         Firmware(dev, ring_entries=0)
+    with pytest.raises(ConfigError, match="semaphores=-1 is invalid"):
+        Firmware(dev, semaphores=-1)
 
 
 def test_kernel_error_type_is_reported_by_name(rig):
