@@ -9,8 +9,10 @@ The device has ``config.cores`` cores (scope ``npu.coreN``), each a simpy resour
 2. prices the launch: with the kernel's own ``cycles(config, in_specs, out_specs, attrs,
    cores=n)`` if it registered one, else with :func:`npu_sim.cost.op_cost`; either returns a
    cost with ``total_cycles`` (and optionally ``macs``);
-3. in functional mode, reads the inputs from HBM as arrays of their spec's shape and dtype,
-   calls the kernel's values function and checks every output against its spec;
+3. in functional mode, hands the kernel its inputs as read-only views of HBM (no copy; a kernel
+   that tries to write its inputs fails), calls the kernel's values function and checks every
+   output against its spec (an output that shares memory with an input is copied at once, so
+   it is a snapshot of what the kernel computed);
 4. holds the cores for ``total_cycles``, then writes the outputs to HBM and releases the cores.
 
 The two halves never meet: the kernel never sees the clock and the cost never sees data. In
@@ -164,9 +166,16 @@ class Compute:
                 raise KernelError(op, node, f"output {i}: expected shape {spec.shape} dtype "
                                             f"{spec.dtype}, got shape {got_shape} dtype "
                                             f"{got_dtype}")
+            # The write to HBM comes cycles later; a result that is (a view of) an input must not
+            # change in between, nor alias the memory it is written to.
+            if any(a is not None and np.may_share_memory(value, a) for a in arrays):
+                value = value.copy()
             checked.append(np.ascontiguousarray(value))
         return checked
 
     def _load(self, address: int, spec: TensorSpec) -> np.ndarray:
-        raw = self.hbm.read(address, spec.nbytes) if spec.nbytes else np.zeros(0, np.uint8)
-        return raw.view(dtypes.to_numpy(spec.dtype)).reshape(spec.shape)
+        """A read-only view of the operand's bytes in HBM, of its spec's shape and dtype."""
+        raw = self.hbm.view(address, spec.nbytes) if spec.nbytes else np.zeros(0, np.uint8)
+        array = raw.view(dtypes.to_numpy(spec.dtype)).reshape(spec.shape)
+        array.flags.writeable = False
+        return array

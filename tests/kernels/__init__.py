@@ -38,8 +38,18 @@ TOLERANCE = {
 
 def run_kernel(op: str, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any] | None = None
                ) -> list[np.ndarray]:
-    """Run the registered kernel ``op``, as a KERNEL command would."""
-    return lookup(op).values(list(inputs), dict(attrs or {}))
+    """Run the registered kernel ``op``, as a KERNEL command would: on read-only C-contiguous
+    inputs (the device hands kernels views of HBM a kernel must not write)."""
+    return lookup(op).values([None if x is None else _read_only(x) for x in inputs],
+                             dict(attrs or {}))
+
+
+def _read_only(x: np.ndarray) -> np.ndarray:
+    array = np.asarray(x)
+    # A view when possible, so "no copy" tests still see the caller's memory.
+    array = (array if array.flags.c_contiguous else np.array(array, order="C")).view()
+    array.flags.writeable = False
+    return array
 
 
 def ort_reference(
