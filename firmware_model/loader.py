@@ -396,6 +396,7 @@ class LoadedProgram:
         self.commands: list[Command] = []
         self.last_run_cycles: int | None = None
         self.loaded = True
+        self._operands: dict[int, tuple[int, TensorSpec]] = {}
 
     def base(self, region: Region) -> int:
         """HBM address of ``region``."""
@@ -412,8 +413,11 @@ class LoadedProgram:
 
     def operand(self, tensor: int) -> tuple[int, TensorSpec]:
         """``(HBM address, spec)`` of tensor ``tensor`` (what ``compute.execute`` takes)."""
-        t = self.program.tensors[tensor]
-        return self.base(t.region) + t.offset, t.spec
+        operand = self._operands.get(tensor)
+        if operand is None:  # regions never move while loaded: resolve each tensor once
+            t = self.program.tensors[tensor]
+            operand = self._operands[tensor] = (self.base(t.region) + t.offset, t.spec)
+        return operand
 
     @property
     def relocated_commands(self) -> bytes:
@@ -490,6 +494,7 @@ class LoadedProgram:
             if buf is not None and not buf.freed:
                 self.firmware.device.free(buf)
         self.arena = self.weights = None
+        self._operands.clear()
         self.loaded = False
 
 

@@ -51,6 +51,9 @@ class NpuRuntime:
     def run(self, name: str, loaded: LoadedProgram,
             inputs: Sequence[np.ndarray] | None) -> list[np.ndarray | None]:
         """Run a loaded program once and record its simulated latency and engine counters."""
+        # The device's trace holds the last run only: kept across runs it would grow with every
+        # inference of the session.
+        self.device.trace.clear()
         before = self.firmware.stats()
         start = self.device.now
         try:
