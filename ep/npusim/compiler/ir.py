@@ -198,21 +198,39 @@ def _infer(
 
 
 def _toposorted(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """The nodes in a topological order (stable: keeps the given order where it is valid)."""
+    """The nodes in a topological order (stable: keeps the given order where it is valid).
+
+    Nodes come in waves: wave 0 reads only graph inputs and initializers, wave k + 1 reads
+    something wave k produced; within a wave the given order is kept. The waves are found in
+    one pass over the edges (Kahn's algorithm level by level), not by rescanning the nodes.
+    """
+    nodes = list(graph.node)
     known = {vi.name for vi in graph.input} | {t.name for t in graph.initializer} | {""}
-    pending = list(graph.node)
+    waiting: dict[str, list[int]] = {}  # tensor -> nodes that still wait for it
+    unresolved = []
+    for k, n in enumerate(nodes):
+        needs = set(n.input) - known
+        unresolved.append(len(needs))
+        for name in needs:
+            waiting.setdefault(name, []).append(k)
+    wave = [k for k, count in enumerate(unresolved) if count == 0]
     ordered: list[onnx.NodeProto] = []
-    while pending:
-        ready = [n for n in pending if all(i in known for i in n.input)]
-        if not ready:
-            missing = sorted({i for n in pending for i in n.input if i not in known})
-            raise errors.InvalidGraph(f"NpuSim compiler: the subgraph has a cycle or reads "
-                                      f"tensors nothing produces: {missing[:5]}")
-        ready_ids = {id(n) for n in ready}
-        pending = [n for n in pending if id(n) not in ready_ids]
-        for n in ready:
-            known.update(n.output)
-        ordered.extend(ready)
+    while wave:
+        ordered.extend(nodes[k] for k in wave)
+        produced = {name for k in wave for name in nodes[k].output} - known
+        known |= produced
+        after = []
+        for name in produced:
+            for k in waiting.pop(name, ()):
+                unresolved[k] -= 1
+                if unresolved[k] == 0:
+                    after.append(k)
+        wave = sorted(after)
+    if len(ordered) < len(nodes):
+        missing = sorted({i for k, n in enumerate(nodes) if unresolved[k] for i in n.input
+                          if i not in known})
+        raise errors.InvalidGraph(f"NpuSim compiler: the subgraph has a cycle or reads "
+                                  f"tensors nothing produces: {missing[:5]}")
     return ordered
 
 
