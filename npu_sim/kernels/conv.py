@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit
 
 from ..errors import KernelError
-from . import sgemm, winograd
+from . import winograd
 from .gemm import finish, same_dtype, to_compute
 from .registry import kernel
 
@@ -327,7 +327,7 @@ def conv_nd(x: np.ndarray, w: np.ndarray, group: int, win: Window) -> np.ndarray
         w2 = w.reshape(m, c)
         y = np.empty((n, m, pixels), x.dtype)
         for i in range(n):  # 2-D products: numpy hands those to BLAS without a batch loop
-            sgemm.matmul(w2, view[i].reshape(c, pixels), out=y[i])
+            np.matmul(w2, view[i].reshape(c, pixels), out=y[i])
         return y.reshape((n, m) + win.out)
     if group > 1 and w.shape[1] == 1:
         y5 = np.zeros((n, m) + out3, x.dtype)
@@ -344,7 +344,7 @@ def conv_nd(x: np.ndarray, w: np.ndarray, group: int, win: Window) -> np.ndarray
     for i in range(n):
         im2col(x5[i], win, cols)
         for g in range(group):
-            sgemm.matmul(wg[g], cols[g * step : (g + 1) * step], out=y[i, g])
+            np.matmul(wg[g], cols[g * step : (g + 1) * step], out=y[i, g])
     return y.reshape((n, m) + win.out)
 
 

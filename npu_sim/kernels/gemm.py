@@ -19,7 +19,6 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import KernelError
-from . import sgemm
 from .registry import kernel
 
 #: Float dtypes the compute kernels take; all are computed in float32.
@@ -104,8 +103,7 @@ def matmul(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> lis
     a, b = _require(inputs, 2, "MatMul")
     dtype = same_dtype("MatMul", {"A": a, "B": b})
     matmul_shape("MatMul", a.shape, b.shape)
-    a32, b32 = to_compute("MatMul", "A", a), to_compute("MatMul", "B", b)
-    y = sgemm.matmul(a32, b32) if a32.ndim == b32.ndim == 2 else np.matmul(a32, b32)
+    y = np.matmul(to_compute("MatMul", "A", a), to_compute("MatMul", "B", b))
     return [finish(np.asarray(y), attrs, dtype)]
 
 
@@ -133,7 +131,7 @@ def gemm(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[
         )
     alpha = np.float32(attrs.get("alpha", 1.0))
     beta = np.float32(attrs.get("beta", 1.0))
-    y = sgemm.matmul(a32, b32)
+    y = a32 @ b32
     if alpha != 1.0:
         y *= alpha
     if c is not None:
