@@ -11,6 +11,12 @@ columns, which *col2im* (numba) scatters back into the output. The numba loops a
 run between BLAS calls whose threads keep spinning after each GEMM, and a parallel loop there
 fights them for the cores (measured slower end to end on ResNet-50).
 
+Two faster paths were measured on ResNet-50 and left out (both are in the history): Winograd
+F(2x2, 3x3) for 3x3 stride-1 layers gained ~7% at best, inside run-to-run noise, and drifts
+past the float32 tolerance against onnxruntime on unit-scale weights at 64-128 channels where
+im2col does not; a numba AVX-512 sgemm beat OpenBLAS by 1.3x on the GEMMs alone but lost end to
+end, its threads competing with OpenBLAS's spinning ones on two cores.
+
 Everything works on 1-, 2- and 3-D spatial inputs: lower ranks are viewed as 3-D with leading
 size-1 dims (kernel 1, stride 1, no padding), so one compiled loop serves all ranks.
 :func:`window` resolves the ONNX padding rules (``pads``, ``auto_pad``, ``ceil_mode``) once for
@@ -29,7 +35,6 @@ import numpy as np
 from numba import njit
 
 from ..errors import KernelError
-from . import winograd
 from .gemm import finish, same_dtype, to_compute
 from .registry import kernel
 
@@ -333,9 +338,6 @@ def conv_nd(x: np.ndarray, w: np.ndarray, group: int, win: Window) -> np.ndarray
         y5 = np.zeros((n, m) + out3, x.dtype)
         _depthwise(x5, np.ascontiguousarray(as5d(w)), m // c, st3, di3, pb3, y5)
         return y5.reshape((n, m) + win.out)
-    # Winograd F(2x2, 3x3) for large 3x3 stride-1 layers: fewer multiplies (winograd.py).
-    if winograd.eligible(x.shape, w.shape, group, win.strides, win.dilations, win.out, x.dtype):
-        return winograd.conv3x3(x, w, group, win.pads_begin, win.out)
     rows = c * int(np.prod(k3))
     wg = w.reshape(group, m // group, rows // group)
     cols = scratch((rows, pixels), x.dtype)
