@@ -8,7 +8,7 @@ stay as they are. The split of work follows ONNX Runtime:
 
 * the **EP** makes its EPContext nodes (and writes its context binary) when it compiles; this
   module gives it :func:`make_ep_context_node`, :func:`generation_settings` (the resolved output
-  path, embed mode, name prefix) and :func:`atomic_write`;
+  path, embed mode, name prefix) and :func:`~ep.framework.files.atomic_write`;
 * the **framework** builds the model from the partition plan and those nodes
   (:func:`build_context_model`) and writes it atomically, initializers embedded or in one external
   file (:func:`save_model`);
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from onnx import helper, numpy_helper
 
 from ..errors import EPFail, Fail, InvalidArgument, InvalidGraph
 from ..errors import NotImplemented as OrtNotImplemented
+from .files import atomic_write
 from .graph import GraphView
 from .options import (
     EP_CONTEXT_EMBED_MODE,
@@ -308,24 +308,6 @@ def _inline(tensor: onnx.TensorProto) -> onnx.TensorProto:
     out = onnx.TensorProto()
     out.CopyFrom(tensor)
     return out
-
-
-def atomic_write(path: str | os.PathLike[str], chunks: Iterable[bytes]) -> None:
-    """Write ``chunks`` to ``path`` through a temporary file in the same folder, fsynced and
-    renamed over ``path``; on any error the temporary file is removed and ``path`` untouched."""
-    target = Path(path)
-    fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
 
 
 def external_file_name(config: Mapping[str, str]) -> str | None:

@@ -78,6 +78,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def dims(shape: onnx.TensorShapeProto) -> tuple[int | str | None, ...]:
+    """An ONNX shape as a tuple: ints for static dims, the name of a symbolic dim, None for an
+    unknown one."""
+    return tuple(
+        int(d.dim_value) if d.HasField("dim_value")
+        else d.dim_param if d.HasField("dim_param") else None
+        for d in shape.dim
+    )
+
+
 class GraphView:
     """Indexed, shape-inferred, topologically sorted view of an ONNX model (build with
     :meth:`from_model`)."""
@@ -193,15 +203,7 @@ class GraphView:
         tt = vi.type.tensor_type
         if not tt.HasField("shape"):
             return _dtype_name(tt.elem_type), None
-        shape: list[int | str | None] = []
-        for dim in tt.shape.dim:
-            if dim.HasField("dim_value"):
-                shape.append(int(dim.dim_value))
-            elif dim.HasField("dim_param"):
-                shape.append(dim.dim_param)
-            else:
-                shape.append(None)
-        return _dtype_name(tt.elem_type), tuple(shape)
+        return _dtype_name(tt.elem_type), dims(tt.shape)
 
     def attrs(self, i: int) -> dict[str, Any]:
         """Node ``i``'s attributes as plain python values (graphs stay GraphProto)."""

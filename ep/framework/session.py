@@ -43,9 +43,10 @@ from ..errors import (
     NoSuchFile,
 )
 from ..errors import NotImplemented as OrtNotImplemented
-from .epcontext import ContextWriter, atomic_write, is_ep_context_node, parse_ep_context_node
+from .epcontext import ContextWriter, is_ep_context_node, parse_ep_context_node
 from .executor import PlanExecutor
-from .graph import GraphView
+from .files import atomic_write
+from .graph import GraphView, dims
 from .options import (
     DISABLE_MODEL_COMPILE,
     EP_CONTEXT_ENABLE,
@@ -284,15 +285,7 @@ def node_arg(graph: GraphView, name: str) -> NodeArg:
     if vi is None or not vi.type.HasField("tensor_type"):
         return NodeArg(name, "tensor(undefined)", [])
     tt = vi.type.tensor_type
-    shape: list[int | str | None] = []
-    for dim in tt.shape.dim:
-        if dim.HasField("dim_value"):
-            shape.append(int(dim.dim_value))
-        elif dim.HasField("dim_param"):
-            shape.append(dim.dim_param)
-        else:
-            shape.append(None)
-    return NodeArg(name, type_string(tt.elem_type), shape)
+    return NodeArg(name, type_string(tt.elem_type), list(dims(tt.shape)))
 
 
 def load_model(path_or_bytes: str | os.PathLike[str] | bytes,

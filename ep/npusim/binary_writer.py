@@ -13,17 +13,15 @@ naming the graph and the field.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import struct
-import tempfile
 import zlib
 from collections.abc import Sequence
 from numbers import Integral, Real
-from pathlib import Path
 
 from ep.errors import InvalidArgument
+from ep.framework.files import atomic_write
 from firmware_model.program import AttrValue, KernelLaunch, Program, TensorDesc
 from npu_sim import dtypes
 from npu_sim.errors import ConfigError
@@ -260,19 +258,7 @@ def write_context_binary(path: str | os.PathLike[str], programs: Sequence[Progra
     ``path``; on any error the temporary file is removed and ``path`` is left as it was.
     """
     pieces = _layout(programs, hardware_architecture, config_digest, sdk_version)
-    target = Path(path)
-    fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for piece in pieces:
-                f.write(piece)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
+    atomic_write(path, pieces)
 
 
 __all__ = ["pack_context", "write_context_binary"]

@@ -17,6 +17,7 @@ import onnx
 from onnx import numpy_helper
 
 from ep.framework import epcontext as E
+from ep.framework.files import atomic_write
 from ep.framework.graph import GraphView
 from ep.framework.options import EP_CONTEXT_ENABLE
 from ep.framework.provider import CompiledNode, ComputeCapability, ExecutionProvider, FusedNode
@@ -109,7 +110,7 @@ class ToyExecutionProvider(ExecutionProvider):
                               "graphs": {f.name: p for f, p in fresh}}).encode()
         binary = settings.binary_path("toy")
         if settings.embed_mode == 0:
-            E.atomic_write(binary, [payload])
+            atomic_write(binary, [payload])
         for k, (f, _) in enumerate(fresh):
             main = k == 0
             cache: bytes | str = binary.name if settings.embed_mode == 0 else \
