@@ -30,6 +30,7 @@ import onnx
 from firmware_model import Program
 from npu_sim.config import PRESETS, DeviceConfig
 from npu_sim.errors import ConfigError
+from npu_sim.hbm import ALLOCATORS
 
 from .. import errors
 from ..framework.graph import GraphView
@@ -46,7 +47,6 @@ from .compiler import CompileReport, compile_partition
 from .runtime import NpuRuntime, NpuSimCompiledNode
 
 OPTION_KEYS = ("device", "functional", "allocator")
-ALLOCATORS = ("best_fit", "first_fit", "mru")
 
 
 class NpuSimExecutionProvider(ExecutionProvider):
@@ -61,8 +61,9 @@ class NpuSimExecutionProvider(ExecutionProvider):
         self.functional = _flag("functional", options.get("functional", "1"))
         self.allocator = options.get("allocator", "best_fit")
         if self.allocator not in ALLOCATORS:
+            valid = ", ".join(sorted(ALLOCATORS))
             raise errors.InvalidArgument(f"NpuSimExecutionProvider option allocator="
-                                         f"{self.allocator!r}; valid: {', '.join(ALLOCATORS)}")
+                                         f"{self.allocator!r}; valid: {valid}")
         self.dim_overrides = _dim_overrides(options)
         self.runtime = NpuRuntime(self.config, allocator=self.allocator,
                                   functional=self.functional)
@@ -78,12 +79,10 @@ class NpuSimExecutionProvider(ExecutionProvider):
     def get_capability(self, graph: GraphView) -> list[ComputeCapability]:
         """EPContext nodes made by this EP (one group each), then connected groups of nodes
         the NPU supports (see :mod:`ep.npusim.capability`)."""
-        # -- EPContext loading (ep/npusim/epcontext.py) --
         contexts = npu_epcontext.context_capability(graph)
         if contexts:
             taken = {i for cap in contexts for i in cap.nodes}
             graph = graph.with_assigned(graph.assigned | taken)
-        # -- end EPContext --
         capabilities, _ = get_npu_capability(graph)
         return contexts + capabilities
 
@@ -94,7 +93,6 @@ class NpuSimExecutionProvider(ExecutionProvider):
 
     def compile(self, fused_nodes: Sequence[FusedNode]) -> list[CompiledNode]:
         """Compile and load every fused node; one compiled node each, in order."""
-        # -- EPContext loading and generation (ep/npusim/epcontext.py) --
         contexts = [f for f in fused_nodes if npu_epcontext.is_context_fused(f)]
         loaded: dict[str, Program] = {}
         if contexts:
@@ -102,7 +100,6 @@ class NpuSimExecutionProvider(ExecutionProvider):
             self._context_binaries.extend(binaries)
             loaded = {f.name: p for f, p in zip(contexts, programs, strict=True)}
         fresh: list[tuple[FusedNode, Program]] = []
-        # -- end EPContext --
         compiled: list[CompiledNode] = []
         for fused in fused_nodes:
             if fused.name in loaded:
