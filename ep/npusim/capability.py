@@ -4,7 +4,11 @@ Each supported op has one :class:`OpSupport` row in :data:`SUPPORT_TABLE`: the o
 the model it accepts, the dtypes of its data tensors, the inputs that must be constant (the
 compiler plans memory and tiles ahead of time, so shapes and axes cannot arrive at run time) and
 an optional ``check`` for attribute constraints (``Resize`` only does nearest and linear). Every
-input and output must have a static shape once dim overrides are applied.
+input and output must have a static shape once dim overrides are applied, except *dead* trailing
+outputs: optional outputs nobody reads (no consumer, not a graph output), like the mask of an
+inference Dropout, which ONNX shape inference leaves untyped for Dropout-7. The compiler drops
+them from the launch; a dead output followed by a used one still gets a tensor, so it needs a
+static shape like any other.
 
 :func:`check_node` answers "can the NPU run node i?" with ``None`` or a reason a user can act on
 (``"Resize: mode=cubic not supported; supported: nearest, linear"``). :func:`get_npu_capability`
@@ -73,15 +77,29 @@ def _batchnorm(graph: GraphView, i: int) -> str | None:
         return "training_mode=1 not supported; only inference"
     if attrs.get("spatial", 1) != 1:
         return "spatial=0 not supported"
+    # Before opset 14 the extra outputs select training mode (Y from batch statistics), so
+    # they are declined even when nothing reads them.
     if len([o for o in graph.nodes[i].output if o]) > 1:
         return "running mean/var outputs not supported; only inference"
     return None
 
 
+def is_dead(graph: GraphView, tensor: str) -> bool:
+    """Whether nothing reads ``tensor``: omitted, or no consumer and not a graph output."""
+    return not tensor or (not graph.consumers(tensor) and tensor not in graph.outputs)
+
+
+def _live_outputs(graph: GraphView, i: int) -> list[str]:
+    """Node ``i``'s outputs up to its last one something reads (the dead tail dropped)."""
+    outputs = list(graph.nodes[i].output)
+    while outputs and is_dead(graph, outputs[-1]):
+        outputs.pop()
+    return outputs
+
+
 def _maxpool(graph: GraphView, i: int) -> str | None:
-    outputs = graph.nodes[i].output
-    if len(outputs) > 1 and outputs[1]:
-        return "the Indices output is not supported"
+    if len(_live_outputs(graph, i)) > 1:
+        return "the Indices output is not supported (only when nothing reads it)"
     return _spatial(graph, i)
 
 
@@ -95,8 +113,8 @@ def _dropout(graph: GraphView, i: int) -> str | None:
 
 
 def _layernorm(graph: GraphView, i: int) -> str | None:
-    if len([o for o in graph.nodes[i].output if o]) > 1:
-        return "Mean/InvStdDev outputs not supported"
+    if len(_live_outputs(graph, i)) > 1:
+        return "Mean/InvStdDev outputs not supported (only when nothing reads them)"
     return None
 
 
@@ -180,7 +198,8 @@ def _require_constant(
 def _static(graph: GraphView, tensor: str, role: str) -> str | None:
     _, shape = graph.tensor_type(tensor)
     if shape is None:
-        return f"unknown shape of {role} '{tensor}'; run shape inference or set dim overrides"
+        return (f"unknown shape of {role} '{tensor}': ONNX shape inference could not determine "
+                f"it; the NPU needs static shapes")
     for k, dim in enumerate(shape):
         if isinstance(dim, str) and not dim.startswith(_INFERRED):
             return f"dynamic dimension '{dim}' on {role} '{tensor}'; set a dim override"
@@ -218,8 +237,9 @@ def _reason(graph: GraphView, i: int) -> str | None:
     for tensor in node.input:
         if tensor and (why := _static(graph, tensor, "input")):
             return why
-    for tensor in node.output:
-        if tensor and (why := _static(graph, tensor, "output")):
+    for tensor in _live_outputs(graph, i):  # a dead tail is not materialized: any shape will do
+        role = "unused output (a later output is used)" if is_dead(graph, tensor) else "output"
+        if tensor and (why := _static(graph, tensor, role)):
             return why
     return support.check(graph, i) if support.check else None
 

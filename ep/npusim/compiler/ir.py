@@ -79,6 +79,8 @@ class SubGraph:
             if vi.name not in types:
                 types[vi.name] = _static_type(vi)
         nodes = []
+        read = {name for proto in inferred.node for name in proto.input if name}
+        read.update(vi.name for vi in inferred.output)
         for i, proto in enumerate(inferred.node):
             attrs = {a.name: attr_value(a) for a in proto.attribute}
             if proto.op_type in OPSET_DEPENDENT and proto.domain in ("", "ai.onnx"):
@@ -87,8 +89,8 @@ class SubGraph:
                     and (len(proto.input) < 2 or not proto.input[1])):
                 # The kernel cannot see how many outputs the node has: tell it.
                 attrs["num_outputs"] = len(proto.output)
-            node = Node(proto.op_type, list(proto.input), list(proto.output), attrs,
-                        proto.name or f"{proto.op_type}_{i}", proto.domain)
+            node = Node(proto.op_type, list(proto.input), _without_dead_tail(proto.output, read),
+                        attrs, proto.name or f"{proto.op_type}_{i}", proto.domain)
             for out in node.outputs:
                 if out and out not in types:
                     raise errors.Fail(f"NpuSim compiler: no shape could be inferred for tensor "
@@ -157,6 +159,19 @@ class SubGraph:
         for name in [c for c in self.consts if c not in used]:
             del self.consts[name]
         return removed
+
+
+def _without_dead_tail(outputs: Sequence[str], read: set[str]) -> list[str]:
+    """``outputs`` without the trailing ones nothing reads (always keeping the first).
+
+    Optional outputs nobody reads (Dropout's mask, MaxPool's Indices) are not materialized:
+    the launch lists fewer outputs than the kernel returns and the device drops the rest. ONNX
+    shape inference may not even type them (the mask of Dropout-7).
+    """
+    kept = list(outputs)
+    while len(kept) > 1 and kept[-1] not in read:
+        kept.pop()
+    return kept
 
 
 def attr_value(attr: onnx.AttributeProto) -> Any:

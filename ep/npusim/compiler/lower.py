@@ -95,7 +95,11 @@ def lower(graph: SubGraph) -> Lowered:
             views += 1
             continue
         ins = tuple(tensor(i) if i else -1 for i in node.inputs)
-        outs = tuple(tensor(o) for o in node.outputs if o)
+        if "" in node.outputs:  # the import dropped a dead tail: this one precedes a used output
+            raise errors.NotImplemented(f"NpuSim compiler: node {node.name!r} ({node.op}) omits "
+                                        f"output {node.outputs.index('')} but a later output is "
+                                        f"used; a launch cannot skip an output")
+        outs = tuple(tensor(o) for o in node.outputs)
         if node.domain not in ("", "ai.onnx"):
             raise errors.NotImplemented(f"NpuSim compiler: node {node.name!r} is {node.op} of "
                                         f"domain {node.domain!r}; only the ONNX domain lowers")
