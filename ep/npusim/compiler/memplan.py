@@ -23,6 +23,7 @@ stored once per distinct content (:func:`plan_weights`).
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -105,29 +106,45 @@ def lower_bound(buffers: Sequence[Buffer], alignment: int) -> int:
 
 @dataclass(frozen=True)
 class WeightsPlan:
-    """Offsets of weight tensors in the WEIGHTS region; equal contents share one offset."""
+    """Offsets of weight tensors in the WEIGHTS region; equal contents share one offset.
+
+    ``blobs`` are read-only byte views of the weight arrays (no copy: a model's weights can
+    be hundreds of megabytes).
+    """
 
     offsets: Mapping[str, int]
-    blobs: Mapping[str, bytes]
+    blobs: Mapping[str, memoryview]
     total_bytes: int
     distinct: int
 
 
 def plan_weights(weights: Mapping[str, np.ndarray], alignment: int) -> WeightsPlan:
-    """Lay the weights out one after another, aligned, each distinct content stored once."""
+    """Lay the weights out one after another, aligned, each distinct content stored once.
+
+    Contents are compared by SHA-256, and only between weights of the same byte length: a
+    weight whose length no other weight has is distinct without reading it.
+    """
+    blobs = {name: _byte_view(value) for name, value in weights.items()}
+    lengths = Counter(len(data) for data in blobs.values())
     offsets: dict[str, int] = {}
-    blobs: dict[str, bytes] = {}
-    by_digest: dict[tuple[str, int], int] = {}
+    by_content: dict[tuple[int, str], int] = {}
     cursor = 0
-    for name, value in weights.items():
-        data = np.ascontiguousarray(value).tobytes()  # little-endian hosts only, like the device
-        blobs[name] = data
-        key = (hashlib.sha256(data).hexdigest(), len(data))
-        if key not in by_digest:
-            by_digest[key] = cursor
+    for name, data in blobs.items():
+        digest = hashlib.sha256(data).hexdigest() if lengths[len(data)] > 1 else name
+        key = (len(data), digest)
+        if key not in by_content:
+            by_content[key] = cursor
             cursor = align_up(cursor + max(len(data), 1), alignment)
-        offsets[name] = by_digest[key]
-    return WeightsPlan(offsets, blobs, cursor, len(by_digest))
+        offsets[name] = by_content[key]
+    return WeightsPlan(offsets, blobs, cursor, len(by_content))
+
+
+def _byte_view(value: np.ndarray) -> memoryview:
+    """The bytes of ``value`` (little-endian hosts only, like the device), read-only, no copy
+    unless it is not contiguous."""
+    flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+    flat.flags.writeable = False
+    return memoryview(flat)
 
 
 def liveness(lowered: Lowered) -> list[Buffer]:
