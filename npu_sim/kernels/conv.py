@@ -36,6 +36,7 @@ from numba import njit
 
 from ..errors import KernelError
 from .gemm import finish, same_dtype, to_compute
+from .limits import check_elements
 from .registry import kernel
 
 #: Highest spatial rank the window kernels take.
@@ -314,17 +315,21 @@ def check_conv(
     return group
 
 
-def conv_nd(x: np.ndarray, w: np.ndarray, group: int, win: Window) -> np.ndarray:
+def conv_nd(
+    x: np.ndarray, w: np.ndarray, group: int, win: Window, op: str = "Conv"
+) -> np.ndarray:
     """Grouped N-d correlation of ``x`` (N, C, *S) with ``w`` (M, C/group, *K), no bias.
 
     Shapes must already be validated (:func:`check_conv`, :func:`window`); ``x`` and ``w`` share
-    the compute dtype (float32, or float64 for exact integer convolution).
+    the compute dtype (float32, or float64 for exact integer convolution). ``op`` names the
+    kernel in a :class:`KernelError` when the output or a temporary would exceed the size limit.
     """
     n, c = x.shape[:2]
     m = w.shape[0]
     k3, st3, di3, pb3 = win.as3()
     out3 = (1,) * (MAX_SPATIAL - len(win.out)) + win.out
     pixels = math.prod(out3)
+    check_elements(op, "output", (n, m) + win.out)
     x5 = np.ascontiguousarray(as5d(x))
     if group == 1 and all(k == 1 for k in win.kernel) and not any(win.pads_begin + win.pads_end):
         # 1x1 without padding: the receptive fields are the (strided) pixels themselves.
@@ -339,6 +344,10 @@ def conv_nd(x: np.ndarray, w: np.ndarray, group: int, win: Window) -> np.ndarray
         _depthwise(x5, np.ascontiguousarray(as5d(w)), m // c, st3, di3, pb3, y5)
         return y5.reshape((n, m) + win.out)
     rows = c * int(np.prod(k3))
+    # pads, strides and dilations size the temporaries too, not only the output
+    padded = [d + b + e for d, b, e in zip(x.shape[2:], win.pads_begin, win.pads_end, strict=True)]
+    check_elements(op, "padded input image", [c, *padded])
+    check_elements(op, "im2col matrix", (rows, pixels))
     wg = w.reshape(group, m // group, rows // group)
     cols = scratch((rows, pixels), x.dtype)
     y = np.empty((n, group, m // group, pixels), x.dtype)
@@ -475,6 +484,7 @@ def conv_transpose(
     win = transpose_window(op, x.shape[2:], w.shape[2:], attrs)
     mg = w.shape[1]
     m = mg * group
+    check_elements(op, "output", (x.shape[0], m) + win.out)
     bias = _bias(op, b, m)
     x32, w32 = to_compute(op, "X", x), to_compute(op, "W", w)
     n = x.shape[0]

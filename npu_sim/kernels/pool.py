@@ -26,6 +26,7 @@ from numba import njit
 from ..errors import KernelError
 from .conv import MAX_SPATIAL, Window, as5d, spatial_rank, window
 from .gemm import FLOAT_DTYPES, to_compute
+from .limits import check_elements
 from .registry import kernel
 
 _MAXPOOL_DTYPES = FLOAT_DTYPES + (np.dtype(np.int8), np.dtype(np.uint8))
@@ -135,6 +136,7 @@ def _pool_window(op: str, x: np.ndarray, attrs: Mapping[str, Any]) -> Window:
                 f"pads {list(win.pads_begin + win.pads_end)} must be smaller than "
                 f"kernel_shape {list(kernel_shape)}",
             )
+    check_elements(op, "output", x.shape[:2] + win.out)
     return win
 
 

@@ -244,7 +244,7 @@ def _int_conv(
         )
     xs = _shifted(x, x_zp, op, "x_zero_point").astype(np.float64)
     ws = _shifted(w, wz, op, "w_zero_point").astype(np.float64)
-    return np.rint(conv_nd(xs, ws, group, win)).astype(np.int64)
+    return np.rint(conv_nd(xs, ws, group, win, op)).astype(np.int64)
 
 
 @kernel("ConvInteger")

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import KernelError
 from .gemm import FLOAT_DTYPES
+from .limits import check_elements
 from .registry import kernel
 
 _Transform = Callable[[np.ndarray, np.float32, int, int, np.ndarray], np.ndarray]
@@ -103,6 +104,10 @@ def _out_geometry(
         sz = [int(v) for v in np.asarray(sizes).reshape(-1)]
         if len(sz) != len(axes) or any(v < 1 for v in sz):
             raise KernelError(op, "", f"sizes={sz} must hold {len(axes)} positive lengths")
+        empty = [a for a in axes if x.shape[a] == 0]
+        if empty:
+            raise KernelError(op, "", f"sizes={sz} cannot resize axis {empty[0]} of input shape "
+                                      f"{x.shape}: it is empty; resized axes need length >= 1")
         policy = str(attrs.get("keep_aspect_ratio_policy", "stretch"))
         ratios = [np.float32(v) / np.float32(x.shape[a]) for v, a in zip(sz, axes, strict=True)]
         if policy in ("not_larger", "not_smaller"):
@@ -127,7 +132,12 @@ def _out_geometry(
         raise KernelError(op, "", f"scales={sc.tolist()} must hold {len(axes)} positive values")
     # The output length ignores roi, as onnxruntime and the ONNX reference do.
     for a, s in zip(axes, sc, strict=True):
-        out[a], scale[a] = int(np.floor(np.float32(x.shape[a]) * s)), np.float32(s)
+        with np.errstate(over="ignore"):  # an overflow to inf is reported just below
+            length = np.floor(np.float32(x.shape[a]) * s)
+        if not np.isfinite(length):
+            raise KernelError(op, "", f"scale {float(s)} on axis {a} of length {x.shape[a]} "
+                                      f"gives no finite output length; scales must be finite")
+        out[a], scale[a] = int(length), np.float32(s)
         if out[a] < 1:
             raise KernelError(
                 op, "", f"scale {float(s)} leaves axis {a} of length {x.shape[a]} empty"
@@ -169,6 +179,7 @@ def resize(op: str, inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any
             raise KernelError(op, "", f"tf_crop_and_resize needs roi with {2 * len(axes)} values")
         rois = np.asarray(roi, np.float32).reshape(2, len(axes))
     out, scale = _out_geometry(op, x, scales, sizes, axes, attrs)
+    check_elements(op, "output", out)
     roi_of = {a: rois[:, k] for k, a in enumerate(axes)}
     coords, outside = [], []
     for a in range(x.ndim):

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import KernelError
 from .activations import input_count, required
+from .limits import check_elements
 from .registry import kernel
 
 Inputs = Sequence["np.ndarray | None"]
@@ -92,6 +93,7 @@ def reshape(inputs: Inputs, attrs: Mapping[str, Any]) -> list[np.ndarray]:
             raise KernelError("Reshape", "", f"cannot infer -1 in shape={shape} for input "
                                              f"shape {x.shape} ({x.size} elements)")
         out[out.index(-1)] = x.size // known
+    check_elements("Reshape", "output", out)  # 0-sized shapes may name absurd dimensions
     if math.prod(out) != x.size:
         raise KernelError("Reshape", "", f"shape={shape} (-> {tuple(out)}) does not hold the "
                                          f"{x.size} elements of input shape {x.shape}")
@@ -275,11 +277,13 @@ def expand(inputs: Inputs, attrs: Mapping[str, Any]) -> list[np.ndarray]:
     input_count("Expand", inputs, 2, 2)
     x = required("Expand", inputs, 0, "input")
     shape = int_list("Expand", required("Expand", inputs, 1, "shape"), "shape")
+    check_elements("Expand", "target", shape)  # negative dims are invalid, not broadcastable
     try:
         out = np.broadcast_shapes(x.shape, tuple(shape))
     except ValueError:
         raise KernelError("Expand", "", f"input shape {x.shape} does not broadcast with "
                                         f"shape={shape}") from None
+    check_elements("Expand", "output", out)
     return [np.broadcast_to(x, out).copy()]  # an owned, writable tensor, not a strided alias
 
 
@@ -317,6 +321,8 @@ def pad(inputs: Inputs, attrs: Mapping[str, Any]) -> list[np.ndarray]:
         raise KernelError("Pad", "", f"pads={pads} crop more than the input shape {x.shape}")
     x = x[crop]
     widths = [(max(b, 0), max(e, 0)) for b, e in zip(before, after, strict=True)]
+    check_elements("Pad", f"output (pads={pads})",
+                   [n + b + e for n, (b, e) in zip(x.shape, widths, strict=True)])
     if mode == "constant":
         return [np.pad(x, widths, constant_values=_pad_value(x, inputs, attrs))]
     for a, (b, e) in enumerate(widths):
