@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import struct
+from collections import Counter
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from firmware_model.commands import (
@@ -54,14 +55,57 @@ def test_pack_unpack_round_trip(cmds):
     assert unpack(data) == cmds
 
 
-@given(st.binary(min_size=0, max_size=4 * COMMAND_BYTES))
-def test_arbitrary_bytes_decode_or_raise_invalid_command(data):
-    try:
-        cmds = unpack(data)
-    except InvalidCommand:
-        return
-    # Decoding is strict, so anything that decodes has exactly one encoding: these bytes.
-    assert pack(cmds) == data
+@st.composite
+def mangled_streams(draw: st.DrawFn) -> tuple[str, bytes]:
+    """A packed valid stream with one kind of damage, or plain random bytes.
+
+    Random bytes alone almost never decode (a valid opcode, zero reserved bytes...), so most
+    examples start from a real stream: junk appended or spliced in, bytes overwritten, the
+    stream cut, or a whole valid descriptor spliced in at any offset. Some of these decode,
+    some do not; the test checks both happen.
+    """
+    how = draw(st.sampled_from(["random", "append", "splice", "overwrite", "truncate",
+                                "descriptor"]))
+    if how == "random":
+        return how, draw(st.binary(max_size=4 * COMMAND_BYTES))
+    raw = bytearray(pack(draw(st.lists(COMMANDS, min_size=1, max_size=4))))
+    if how == "append":
+        raw += draw(st.binary(max_size=2 * COMMAND_BYTES))
+    elif how == "splice":
+        at = draw(st.integers(0, len(raw)))
+        raw[at:at] = draw(st.binary(min_size=1, max_size=COMMAND_BYTES))
+    elif how == "overwrite":
+        for _ in range(draw(st.integers(1, 3))):
+            raw[draw(st.integers(0, len(raw) - 1))] = draw(st.integers(0, 255))
+    elif how == "truncate":
+        del raw[draw(st.integers(0, len(raw) - 1)):]
+    else:
+        at = draw(st.integers(0, len(raw)))
+        raw[at:at] = pack([draw(COMMANDS)])
+    return how, bytes(raw)
+
+
+def test_arbitrary_bytes_decode_or_raise_invalid_command():
+    outcomes: Counter[str] = Counter()
+
+    @settings(max_examples=300)
+    @given(mangled_streams())
+    def decode_or_raise(case: tuple[str, bytes]) -> None:
+        how, data = case
+        try:
+            cmds = unpack(data)
+        except InvalidCommand:
+            outcomes["invalid"] += 1
+            event(f"{how}: InvalidCommand")
+            return
+        outcomes["decoded"] += bool(cmds)
+        event(f"{how}: decoded")
+        # Decoding is strict, so anything that decodes has exactly one encoding: these bytes.
+        assert pack(cmds) == data
+
+    decode_or_raise()
+    # Both branches of the property ran: non-empty streams decoded, and others were refused.
+    assert outcomes["decoded"] > 0 and outcomes["invalid"] > 0, outcomes
 
 
 @settings(max_examples=100)
