@@ -22,8 +22,9 @@ from .commands import (
     unpack,
 )
 from .loader import LoadedProgram, run_program, validate
-from .processor import Firmware, Submission
+from .processor import Firmware
 from .program import KernelLaunch, Program, Region, TensorDesc, reloc
+from .queue import Submission
 from .rings import COMPLETION_BYTES, Completion, RingOverflow, Status
 
 __all__ = [

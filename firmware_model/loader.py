@@ -11,6 +11,7 @@ A failed load frees what it allocated.
 
 :meth:`LoadedProgram.run` checks the inputs, then submits one submission: the input DMAs
 (host -> arena), a BARRIER, the program's commands, a BARRIER, the output DMAs (arena -> host).
+The host streams it through the submission ring however long it is.
 In timing-only mode (``functional=False``) kernels compute no values but every DMA and kernel is
 still charged, and the outputs are returned as ``None``.
 """
@@ -51,10 +52,11 @@ def _problem_error(program: Program, problems: list[str]) -> InvalidCommand:
     return err
 
 
-def validate(program: Program, *, cores: int, semaphores: int, ring_entries: int,
+def validate(program: Program, *, cores: int, semaphores: int,
              functional: bool = True) -> list[Command]:
     """Check ``program`` against a device with ``cores`` cores and a firmware with
-    ``semaphores`` semaphores and ``ring_entries`` ring slots; returns its decoded commands.
+    ``semaphores`` semaphores; returns its decoded commands. (A run may be longer than the
+    submission ring: the host streams it.)
 
     Raises InvalidCommand listing every problem (``.problems`` holds them one per entry).
     ``functional=False`` allows weights to be absent (a timing-only load).
@@ -83,10 +85,6 @@ def validate(program: Program, *, cores: int, semaphores: int, ring_entries: int
     except InvalidCommand as exc:
         problems.append(f"command stream: {exc.message}")
     _check_commands(program, commands, sizes, problems, cores=cores, semaphores=semaphores)
-    needed = len(commands) + _io_commands(program, nbytes) + 2
-    if needed > ring_entries:
-        problems.append(f"a run needs {needed} ring slots (commands, I/O DMAs, 2 barriers); the "
-                        f"submission ring has {ring_entries}")
     if problems:
         raise _problem_error(program, problems)
     return commands
@@ -280,16 +278,11 @@ def _check_reloc(address: int, nbytes: int, sizes: dict[Region, int], writes: bo
     return ""
 
 
-def _io_commands(program: Program, nbytes: list[int | None]) -> int:
-    idx = [*program.inputs, *program.outputs]
-    return sum(1 for i in idx if isinstance(i, int) and 0 <= i < len(nbytes) and nbytes[i])
-
-
 def load_program(fw: Firmware, program: Program, *, functional: bool = True) -> LoadedProgram:
     """Validate, allocate, upload weights and relocate; see the module docstring."""
     device = fw.device
     commands = validate(program, cores=device.config.cores, semaphores=len(fw.semaphores),
-                        ring_entries=fw.ring_entries, functional=functional)
+                        functional=functional)
     loaded = LoadedProgram(fw, program, functional)
     try:
         if program.arena_bytes:
@@ -334,10 +327,7 @@ def _upload_weights(fw: Firmware, program: Program, base: int) -> None:
             if key not in maps:
                 maps[key] = device.map_host(host)
             dmas.append((maps[key], base + start, end - start))
-        per_submission = max(1, fw.ring_entries)
-        for first in range(0, len(dmas), per_submission):
-            batch = dmas[first:first + per_submission]
-            fw.run([Dma(n, src, dst, size) for n, (src, dst, size) in enumerate(batch)])
+        fw.run([Dma(n, src, dst, size) for n, (src, dst, size) in enumerate(dmas)])
     finally:
         for iova in maps.values():
             device.unmap_host(iova)

@@ -12,6 +12,9 @@ completes with a fault :class:`~firmware_model.rings.Status` and a message in th
 dependents complete ``CANCELLED``, and the host's :meth:`Firmware.wait` raises
 :class:`~npu_sim.errors.DeviceFault` once the whole submission has settled. See
 ``docs/firmware.md`` for the full semantics.
+
+A submission may be longer than the ring: the host streams it, and the firmware holds
+completion entries back while the completion ring is full (:mod:`firmware_model.queue`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ from npu_sim.errors import ConfigError, DeviceFault, InvalidCommand, NpuSimError
 from npu_sim.trace import record_ids, tag
 
 from .commands import (
-    COMMAND_BYTES,
     Barrier,
     Command,
     Dma,
@@ -38,7 +40,8 @@ from .commands import (
     describe,
     pack,
 )
-from .rings import Completion, CompletionRing, Status, SubmissionRing
+from .queue import Queue, Submission
+from .rings import Completion, Status
 
 if TYPE_CHECKING:
     from npu_sim.device import Device
@@ -47,32 +50,6 @@ if TYPE_CHECKING:
     from .program import Program
 
 _SEQ_MASK = 0xFFFFFFFF
-
-
-class Submission:
-    """One doorbell's worth of commands, as the host tracks it until every one has completed."""
-
-    def __init__(self, queue: int, first: int, count: int, program: LoadedProgram | None):
-        self.queue = queue
-        self.first = first
-        self.count = count
-        self.program = program
-        self.completions: list[Completion | None] = [None] * count
-        self._missing = count
-
-    @property
-    def done(self) -> bool:
-        """Whether the host has seen the completion of every command."""
-        return self._missing == 0
-
-    @property
-    def faults(self) -> list[Completion]:
-        """Completions with a status other than OK (CANCELLED ones included), in ring order."""
-        return [c for c in self.completions if c is not None and not c.ok]
-
-    def _complete(self, index: int, completion: Completion) -> None:
-        self.completions[index] = completion
-        self._missing -= 1
 
 
 @dataclass(eq=False)
@@ -105,21 +82,12 @@ class _Fault(Exception):
 
 @dataclass
 class _Context:
-    """What dependency resolution needs to know about the submission being fetched."""
+    """What dependency resolution needs to know about the submission being fetched. It lives
+    until the submission's last descriptor is fetched, so deps reach across ring refills."""
 
     by_id: dict[int, _Cmd] = field(default_factory=dict)
     since_barrier: list[_Cmd] = field(default_factory=list)
     barrier: _Cmd | None = None
-
-
-class _Queue:
-    def __init__(self, index: int, entries: int, env: simpy.Environment) -> None:
-        self.index = index
-        self.scope = f"npu.fw.q{index}"
-        self.engine = f"fw.q{index}"
-        self.ring = SubmissionRing(entries, self.scope)
-        self.cq = CompletionRing(entries, index)
-        self.doorbell = simpy.Store(env)
 
 
 class Firmware:
@@ -138,13 +106,13 @@ class Firmware:
                 raise ConfigError(name, value, f"an integer in [1, {hi}]")
         self.device = device
         self.env: simpy.Environment = device.env
-        self._queues = [_Queue(i, ring_entries, self.env) for i in range(queues)]
+        self._counters = {"fw.commands": 0, "fw.faults": 0, "fw.cancelled": 0,
+                          "fw.doorbells": 0, "fw.submissions": 0}
+        self._queues = [Queue(i, ring_entries, self.env, self._counters) for i in range(queues)]
         self._sems = [0] * semaphores
         self._sem_waiters: list[_Cmd] = []
         self._pending: dict[tuple[int, int], tuple[Submission, int]] = {}
         self._fault_log: dict[tuple[int, int], str] = {}
-        self._counters = {"fw.commands": 0, "fw.faults": 0, "fw.cancelled": 0,
-                          "fw.doorbells": 0, "fw.submissions": 0}
         for q in self._queues:
             self.env.process(self._processor(q))
 
@@ -174,22 +142,23 @@ class Firmware:
         return self._queue(queue).ring.free
 
     def submit(self, commands: bytes | Sequence[Command], *, queue: int = 0,
-               program: LoadedProgram | None = None, functional: bool = True) -> Submission:
+               program: LoadedProgram | None = None, functional: bool = True,
+               stream: bool = True) -> Submission:
         """Write descriptors into ``queue``'s ring and ring its doorbell.
 
         ``program`` is the loaded program KERNEL commands refer to; ``functional=False`` runs
-        kernels for timing only. Raises :class:`~firmware_model.rings.RingOverflow` (nothing
-        written) if the submission does not fit the free slots.
+        kernels for timing only. A submission may be longer than the ring: the host writes what
+        fits now and streams the rest as the firmware fetches (after any earlier submission of
+        the queue still streaming). ``stream=False`` is the raw write: all descriptors at once,
+        or :class:`~firmware_model.rings.RingOverflow` with nothing written if they do not fit
+        the free slots.
         """
         q = self._queue(queue)
         data = bytes(commands) if isinstance(commands, (bytes, bytearray, memoryview)) \
             else pack(commands)
-        first = q.ring.write(data)
-        sub = Submission(queue, first, len(data) // COMMAND_BYTES, program)
+        sub = q.submit(data, program, functional, stream)
         for i in range(sub.count):
-            self._pending[(queue, (first + i) & _SEQ_MASK)] = (sub, i)
-        q.doorbell.put((q.ring.tail, program, functional))
-        self._counters["fw.doorbells"] += 1
+            self._pending[(queue, (sub.first + i) & _SEQ_MASK)] = (sub, i)
         self._counters["fw.submissions"] += 1
         return sub
 
@@ -197,7 +166,7 @@ class Firmware:
         """Drain every completion ring; returns the new completions (fault messages attached)."""
         out = []
         for q in self._queues:
-            entries = q.cq.drain()
+            entries = q.drain()
             for cmd_id, status, queue, seq, start, end in entries:
                 key = (queue, seq)
                 message = self._fault_log.pop(key, "")
@@ -205,7 +174,6 @@ class Firmware:
                 sub, index = self._pending.pop(key)
                 sub._complete(index, comp)
                 out.append(comp)
-            q.ring.release(len(entries))
         return out
 
     def wait(self, submission: Submission) -> list[Completion]:
@@ -256,22 +224,28 @@ class Firmware:
 
     # -- command processor --------------------------------------------------------------------
 
-    def _queue(self, queue: int) -> _Queue:
+    def _queue(self, queue: int) -> Queue:
         if isinstance(queue, bool) or not isinstance(queue, int) or \
                 not 0 <= queue < len(self._queues):
             raise InvalidCommand(self.scope, f"queue={queue!r}; expected an integer in "
                                              f"[0, {len(self._queues)})")
         return self._queues[queue]
 
-    def _processor(self, q: _Queue):
+    def _processor(self, q: Queue):
+        ctx = _Context()
         while True:
-            tail, program, functional = yield q.doorbell.get()
-            ctx = _Context()
+            tail, job = yield q.doorbell.get()
+            sub = job.submission
             while q.ring.fetched < tail:
                 seq, raw = q.ring.fetch()
-                self._start(q, ctx, seq, raw, program, functional)
+                if seq == sub.first:
+                    ctx = _Context()
+                self._start(q, ctx, seq, raw, sub.program, job.functional)
+            if q.ring.fetched == sub.first + sub.count:
+                ctx = _Context()  # the submission is fetched: forget its ids
+            q.fetched()  # their slots are free: the host may write the next refill
 
-    def _start(self, q: _Queue, ctx: _Context, seq: int, raw: bytes,
+    def _start(self, q: Queue, ctx: _Context, seq: int, raw: bytes,
                program: LoadedProgram | None, functional: bool) -> None:
         """Decode one descriptor, resolve its deps and start its process."""
         cmd_id = int.from_bytes(raw[4:8], "little")
@@ -308,7 +282,7 @@ class Firmware:
             ctx.since_barrier.append(rec)
         self.env.process(self._execute(q, rec, fault))
 
-    def _execute(self, q: _Queue, rec: _Cmd, fault: _Fault | None):
+    def _execute(self, q: Queue, rec: _Cmd, fault: _Fault | None):
         env = self.env
         if fault is None and rec.deps:
             yield simpy.AllOf(env, [d.done for d in rec.deps])
@@ -422,7 +396,7 @@ class Firmware:
             self._sem_waiters.remove(rec)
             rec.wait_event.succeed(False)
 
-    def _finish(self, q: _Queue, rec: _Cmd) -> None:
+    def _finish(self, q: Queue, rec: _Cmd) -> None:
         """Post the completion and trace record, then release the dependents."""
         now = self.env.now
         trace = self.device.trace
@@ -444,5 +418,5 @@ class Firmware:
             self._counters["fw.faults"] += 1
         if rec.message:
             self._fault_log[(q.index, rec.seq)] = rec.message
-        q.cq.post(rec.cmd_id, rec.status, rec.seq, rec.start, now)
-        rec.done.succeed(rec.status)
+        q.post(rec.cmd_id, rec.status, rec.seq, rec.start, now)
+        rec.done.succeed(rec.status)  # dependents need not wait for the completion entry

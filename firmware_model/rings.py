@@ -4,18 +4,19 @@ A queue has two circular buffers with the same number of entries, ``ring_entries
 
 - the **submission ring** holds 64-byte command descriptors (:mod:`firmware_model.commands`).
   The host writes descriptors at ``tail`` and then *rings the doorbell* with the new tail; the
-  firmware fetches from its fetch pointer up to that tail. Each doorbell write closes one
-  submission: the descriptors between two consecutive doorbell values belong together
-  (dependencies and barriers are scoped to them).
+  firmware fetches from its fetch pointer up to that tail. **Fetching frees the slot**: the
+  firmware copies the descriptor into its own tracking table, so the ring bounds only the
+  descriptors written and not yet fetched, never the commands in flight. A submission longer
+  than the ring is streamed by the host (``Firmware.submit``): several doorbells, each
+  announcing a refill of the slots fetched since the last.
 - the **completion ring** holds one :data:`COMPLETION_BYTES`-byte entry per finished command,
   written by the firmware in completion order and drained by the host
-  (:meth:`CompletionRing.drain`).
+  (:meth:`CompletionRing.drain`). The firmware never posts into a full completion ring: it
+  holds finished commands' entries back until the host has drained (flow control).
 
-Positions are monotonically increasing sequence numbers; slot = position mod entries. A
-submission slot is reused only after the host has drained the completion of the command that
-used it, so the number of commands in flight never exceeds ``ring_entries`` and the completion
-ring can never overflow. A submission that does not fit the free slots is refused whole
-(:class:`RingOverflow`) and nothing is written.
+Positions are monotonically increasing sequence numbers; slot = position mod entries. The raw
+write (:meth:`SubmissionRing.write`) of more descriptors than there are free slots is refused
+whole (:class:`RingOverflow`) and nothing is written.
 
 Completion entry (little-endian, 32 bytes)::
 
@@ -77,7 +78,7 @@ class Completion:
 
 
 class RingOverflow(InvalidCommand):
-    """A submission needs more submission-ring slots than are free. Nothing was written."""
+    """A raw write needs more submission-ring slots than are free. Nothing was written."""
 
 
 class SubmissionRing:
@@ -90,13 +91,12 @@ class SubmissionRing:
         self.scope = scope
         self._buf = bytearray(entries * COMMAND_BYTES)
         self.tail = 0  # next position the host writes
-        self.fetched = 0  # next position the firmware fetches
-        self.released = 0  # positions whose completions the host has drained
+        self.fetched = 0  # next position the firmware fetches; every slot before it is free
 
     @property
     def free(self) -> int:
-        """Slots the host may write now."""
-        return self.entries - (self.tail - self.released)
+        """Slots the host may write now: those not holding a written, unfetched descriptor."""
+        return self.entries - (self.tail - self.fetched)
 
     def write(self, data: bytes) -> int:
         """Append whole descriptors; returns the position of the first. All or nothing."""
@@ -107,7 +107,8 @@ class SubmissionRing:
         if count > self.free:
             raise RingOverflow(self.scope, f"submission of {count} commands does not fit the "
                                            f"submission ring: {self.free} of {self.entries} "
-                                           f"slots free (wait for earlier submissions first)")
+                                           f"slots free (write at most {self.free}, or stream "
+                                           f"the rest as the firmware fetches)")
         first = self.tail
         for i in range(count):
             slot = (first + i) % self.entries * COMMAND_BYTES
@@ -116,17 +117,13 @@ class SubmissionRing:
         return first
 
     def fetch(self) -> tuple[int, bytes]:
-        """The next descriptor for the firmware: ``(position, 64 bytes)``."""
+        """The next descriptor for the firmware: ``(position, 64 bytes)``; frees its slot."""
         if self.fetched >= self.tail:
             raise AssertionError(f"{self.scope}: fetch past tail {self.tail}")
         pos = self.fetched
         slot = pos % self.entries * COMMAND_BYTES
         self.fetched += 1
         return pos, bytes(self._buf[slot:slot + COMMAND_BYTES])
-
-    def release(self, count: int) -> None:
-        """The host drained ``count`` completions: their slots may be written again."""
-        self.released += count
 
 
 class CompletionRing:
@@ -144,8 +141,13 @@ class CompletionRing:
         """Entries posted and not yet drained."""
         return self.tail - self.head
 
+    @property
+    def free(self) -> int:
+        """Entries the firmware may post now."""
+        return self.entries - self.pending
+
     def post(self, cmd_id: int, status: Status, seq: int, start: int, end: int) -> None:
-        """Write one entry. Overflow is impossible by the slot-reuse rule; check it anyway."""
+        """Write one entry. The firmware posts only into free entries; check it anyway."""
         if self.pending >= self.entries:
             raise AssertionError(f"completion ring of queue {self.queue} overflowed")
         slot = self.tail % self.entries * COMPLETION_BYTES

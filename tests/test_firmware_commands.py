@@ -193,15 +193,15 @@ def test_describe_is_one_readable_line_per_opcode():
     ]
 
 
-def test_submission_ring_wraps_and_refuses_overflow_whole():
+def test_submission_ring_wraps_refuses_overflow_whole_and_frees_slots_on_fetch():
     ring = SubmissionRing(4, "npu.fw.q0")
     assert ring.write(pack([Nop(i) for i in range(3)])) == 0
     with pytest.raises(RingOverflow, match="2 commands does not fit.*1 of 4 slots free"):
         ring.write(pack([Nop(10), Nop(11)]))
-    assert ring.tail == 3  # nothing written
-    for _ in range(3):
+    assert ring.tail == 3 and ring.free == 1  # nothing written
+    for k in range(3):
         ring.fetch()
-    ring.release(3)
+        assert ring.free == 2 + k  # fetching frees the slot
     first = ring.write(pack([Nop(20), Nop(21), Nop(22)]))  # wraps around slot 3 -> 0 -> 1
     assert first == 3
     assert [decode(ring.fetch()[1]).cmd_id for _ in range(3)] == [20, 21, 22]
@@ -212,5 +212,6 @@ def test_completion_entry_layout():
     cq.post(cmd_id=7, status=Status.DMA_FAULT, seq=2**32 + 5, start=10, end=2**40)
     raw = bytes(cq._buf[:COMPLETION_BYTES])
     assert struct.unpack("<IHHIIQQ", raw) == (7, 3, 3, 5, 0, 10, 2**40)
+    assert (cq.pending, cq.free) == (1, 1)
     assert cq.drain() == [(7, Status.DMA_FAULT, 3, 5, 10, 2**40)]
-    assert cq.pending == 0
+    assert (cq.pending, cq.free) == (0, 2)

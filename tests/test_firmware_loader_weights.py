@@ -71,7 +71,7 @@ def reference_overlaps(program: Program) -> list[str]:
 
 def problems_of(program: Program) -> list[str]:
     try:
-        validate(program, cores=1, semaphores=1, ring_entries=16)
+        validate(program, cores=1, semaphores=1)
     except InvalidCommand as exc:
         return exc.problems
     return []
