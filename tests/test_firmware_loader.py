@@ -246,6 +246,11 @@ def test_out_of_memory_during_load_frees_what_was_allocated():
     dev = Device(DeviceConfig.preset("os32").replace(hbm_bytes=1 << 20))
     big = _tensor(dataclasses.replace(GOOD, arena_bytes=4 * NB), 1, shape=(300_000,))
     big = dataclasses.replace(big, weights={1: bytes(1_200_000)})
-    with pytest.raises(HbmOutOfMemory):
+    with pytest.raises(HbmOutOfMemory, match=r"npu\.hbm: cannot allocate 1\.1 MiB \(free \d+"
+                                             r"(\.\d)? KiB, largest block ") as info:
         Firmware(dev).load(big)
+    # The request is the weights blob rounded up to the HBM alignment (512 on os32), and the
+    # error reports what was free and the largest block, so exhaustion reads as such.
+    assert info.value.nbytes == 1_200_128
+    assert info.value.largest_free_block <= info.value.free_bytes < info.value.nbytes
     assert dev.hbm.stats()["hbm.bytes_in_use"] == 0

@@ -374,9 +374,14 @@ def test_random_byte_flips_raise_invalid_graph(sample, flips):
     data = bytearray(sample)
     for position, mask in flips:
         data[position % len(data)] ^= mask
-    if bytes(data) != sample:  # flips may cancel out
-        with pytest.raises(InvalidGraph):
+    changed = [i for i in range(len(data)) if data[i] != sample[i]]
+    if changed:  # flips may cancel out
+        with pytest.raises(InvalidGraph) as info:
             ContextBinary.from_bytes(bytes(data))
+        # The check that fires covers one of the changed bytes (any check, for the header).
+        expected = {expected_flip_error(sample, i) for i in changed}
+        assert "header" in expected or any(re.search(e, info.value.message) for e in expected), (
+            changed, info.value.message)
 
 
 def test_truncation_anywhere_is_reported_as_truncation(sample):
@@ -397,33 +402,66 @@ def patched(sample: bytes, kind: str | None, offset: int, fmt: str, value: int) 
     return reseal(data)
 
 
+U32_MAX, U64_HALF = 2**32 - 1, 2**63
+# field -> (section or None for the file, offset, format, value, what the error must say: the
+# value, and the bound it breaks; byte counts the format fixes are computed, not copied)
 HUGE_PATCHES = {
-    "section table length": (None, L.HEADER_SIZE + 16, "<Q", 2**63),
-    "section table offset": (None, L.HEADER_SIZE + 8, "<Q", 2**64 - 512),
-    "section count": (None, 20, "<I", 2**32 - 1),
-    "section table offset in header": (None, 24, "<Q", 2**62),
-    "string count": ("strings", 0, "<I", 2**32 - 1),
-    "string length": ("strings", 4, "<I", 2**32 - 1),
-    "graph count": ("graphs", 0, "<I", 2**32 - 1),
-    "graph record length": ("graphs", 4 + 16, "<Q", 2**63),
-    "program name id": ("graphs", 4, "<I", 2**32 - 1),
-    "commands length": ("programs", 24, "<Q", 2**63),
-    "tensor count": ("programs", 32, "<I", 2**32 - 1),
-    "launch count": ("programs", 36, "<I", 2**32 - 1),
-    "input count": ("programs", 40, "<I", 2**32 - 1),
-    "weight count": ("programs", 48, "<I", 2**32 - 1),
-    "tensor rank": ("programs", L.PROGRAM.size + 6, "<H", 2**16 - 1),
-    "tensor dtype": ("programs", L.PROGRAM.size + 4, "<B", 200),
-    "tensor region": ("programs", L.PROGRAM.size + 5, "<B", 9),
+    "section table length": (None, L.HEADER_SIZE + 16, "<Q", U64_HALF,
+                             rf"section #0 \(strings\) at offset \d+ with length {U64_HALF} is out "
+                             r"of range or misaligned: it must end by \d+ \(file size\)"),
+    "section table offset": (None, L.HEADER_SIZE + 8, "<Q", 2**64 - 512,
+                             rf"section #0 \(strings\) at offset {2**64 - 512} with length \d+ is "
+                             r"out of range or misaligned"),
+    "section count": (None, 20, "<I", U32_MAX,
+                      rf"section table of {U32_MAX} entries at offset {L.HEADER_SIZE} does not "
+                      r"fit in the file: it must lie within \[\d+, \d+\]"),
+    "section table offset in header": (None, 24, "<Q", 2**62,
+                                       rf"section table of 5 entries at offset {2**62} does not "
+                                       r"fit in the file"),
+    "string count": ("strings", 0, "<I", U32_MAX,
+                     rf"section strings: {U32_MAX} x string length needs {4 * U32_MAX} bytes at "
+                     r"offset 4, only \d+ remain"),
+    "string length": ("strings", 4, "<I", U32_MAX,
+                      rf"section strings: string 0 needs {U32_MAX} bytes at offset \d+, only \d+ "
+                      "remain"),
+    "graph count": ("graphs", 0, "<I", U32_MAX,
+                    rf"section graphs: {U32_MAX} graph entries needs {U32_MAX * L.GRAPH.size} "
+                    r"bytes at offset 4, only \d+ remain"),
+    "graph record length": ("graphs", 4 + 16, "<Q", U64_HALF,
+                            rf"graph 'graph_a': program record at 0 with length {U64_HALF} runs "
+                            r"past the programs section \(\d+ bytes\)"),
+    "program name id": ("graphs", 4, "<I", U32_MAX,
+                        rf"section graphs, entry 0: string id {U32_MAX} is out of range "
+                        r"\[0, \d+\)"),
+    "commands length": ("programs", 24, "<Q", U64_HALF,
+                        rf"graph 'graph_a': command stream at 0 with length {U64_HALF} runs past "
+                        r"the commands section \(\d+ bytes\)"),
+    "tensor count": ("programs", 32, "<I", U32_MAX,
+                     rf"graph 'graph_a': {U32_MAX} tensors needs {U32_MAX * L.TENSOR.size} bytes"),
+    "launch count": ("programs", 36, "<I", U32_MAX,
+                     rf"graph 'graph_a': {U32_MAX} launches needs {U32_MAX * L.LAUNCH.size} bytes"),
+    "input count": ("programs", 40, "<I", U32_MAX,
+                    rf"graph 'graph_a': {U32_MAX} x input tensor index needs {4 * U32_MAX} bytes"),
+    "weight count": ("programs", 48, "<I", U32_MAX,
+                     rf"graph 'graph_a': {U32_MAX} weights needs {U32_MAX * L.WEIGHT.size} bytes"),
+    "tensor rank": ("programs", L.PROGRAM.size + 6, "<H", 2**16 - 1,
+                    rf"graph 'graph_a': {2**16 - 1} x tensor 0 dimension needs "
+                    rf"{8 * (2**16 - 1)} bytes"),
+    "tensor dtype": ("programs", L.PROGRAM.size + 4, "<B", 200,
+                     rf"tensor 0: dtype code 200 or region 1 is unknown \(dtype codes "
+                     rf"0..{len(dtypes.DTYPES) - 1}, regions \[0, 1, 2, 3\]\)"),
+    "tensor region": ("programs", L.PROGRAM.size + 5, "<B", 9,
+                      r"tensor 0: dtype code 0 or region 9 is unknown"),
 }
 
 
 @pytest.mark.parametrize("field", sorted(HUGE_PATCHES))
 def test_huge_lengths_are_refused_before_allocating(sample, field):
-    data = patched(sample, *HUGE_PATCHES[field])
+    *patch, message = HUGE_PATCHES[field]
+    data = patched(sample, *patch)
     tracemalloc.start()
     try:
-        with pytest.raises(InvalidGraph):
+        with pytest.raises(InvalidGraph, match=message):
             ContextBinary.from_bytes(data)
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -588,6 +626,6 @@ def test_failed_write_leaves_no_file_and_keeps_the_old_one(tmp_path, monkeypatch
 
 def test_bad_program_writes_nothing(tmp_path):
     first, _ = sample_programs()
-    with pytest.raises(InvalidArgument):
+    with pytest.raises(InvalidArgument, match="graph name 'graph_a' appears more than once"):
         write_context_binary(tmp_path / "m.bin", [first, first], hardware_architecture="npu-m")
     assert os.listdir(tmp_path) == []
