@@ -229,6 +229,11 @@ def test_all_problems_are_reported_together(dev):
         Firmware(dev).load(bad)
     assert len(info.value.problems) == 2
     assert "(2 problems)" in str(info.value)
+    # Each problem names the bad value and what would be valid.
+    dtype_problem, index_problem = sorted(info.value.problems, key=lambda p: "index" in p)
+    assert "dtype 'float8'" in dtype_problem and "expected one of ['float32'" in dtype_problem
+    assert f"tensor index 7 out of range [0, {len(bad.tensors)})" in index_problem
+    assert all(p in str(info.value) for p in info.value.problems)
 
 
 def test_identical_weights_may_share_a_range_different_ones_may_not(dev):
