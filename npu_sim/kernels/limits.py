@@ -13,6 +13,10 @@ allocation that takes the host down).
 The limit is :data:`MAX_ELEMENTS` elements per tensor (and per dimension), whatever the dtype:
 ``2**31 - 1``, the largest count a signed 32-bit element index covers (8 GiB of float32, half
 the HBM of the ``npu-m`` preset). It is read at call time, so a test may lower it.
+
+Split takes its *number* of outputs from an attribute (``num_outputs``); even empty outputs cost
+memory when there are billions of them, so :func:`check_output_count` bounds that count by
+:data:`MAX_OUTPUTS`.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ from ..errors import KernelError
 
 #: Most elements one tensor built from input values may hold (also the largest dimension).
 MAX_ELEMENTS = 2**31 - 1
+
+#: Most outputs a kernel may be asked for by an attribute (far above any real graph's fan-out).
+MAX_OUTPUTS = 2**16
 
 
 def check_elements(op: str, what: str, shape: Sequence[int]) -> tuple[int, ...]:
@@ -44,3 +51,11 @@ def check_elements(op: str, what: str, shape: Sequence[int]) -> tuple[int, ...]:
                                   f"(largest dimension {max(dims)}); at most {MAX_ELEMENTS} "
                                   f"elements and dimension size (npu_sim.kernels.limits)")
     return dims
+
+
+def check_output_count(op: str, what: str, count: int) -> int:
+    """``count`` outputs requested through ``what``, checked against :data:`MAX_OUTPUTS`."""
+    if not 1 <= count <= MAX_OUTPUTS:
+        raise KernelError(op, "", f"{what}={count} is out of range; expected 1 to {MAX_OUTPUTS} "
+                                  f"outputs (npu_sim.kernels.limits)")
+    return count

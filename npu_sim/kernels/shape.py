@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import KernelError
 from .activations import input_count, required
-from .limits import check_elements
+from .limits import check_elements, check_output_count
 from .registry import kernel
 
 Inputs = Sequence["np.ndarray | None"]
@@ -162,13 +162,11 @@ def split(inputs: Inputs, attrs: Mapping[str, Any]) -> list[np.ndarray]:
         if "num_outputs" not in attrs:
             raise KernelError("Split", "", "needs split sizes (input 1 or attribute) or "
                                            "num_outputs (the number of node outputs)")
-        n = int(attrs["num_outputs"])
-        if n < 1:
-            raise KernelError("Split", "", f"num_outputs={n} must be at least 1")
+        n = check_output_count("Split", "num_outputs", int(attrs["num_outputs"]))
         if int(attrs.get("_opset", 18)) < 18 and dim % n:
             raise KernelError("Split", "", f"dimension {dim} of axis {axis} does not split "
                                            f"evenly into {n} outputs")
-        if n > dim and dim:
+        if n > dim:  # onnxruntime refuses this for an empty axis too
             raise KernelError("Split", "", f"num_outputs={n} exceeds dimension {dim} of axis "
                                            f"{axis}")
         chunk = -(-dim // n)

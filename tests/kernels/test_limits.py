@@ -13,6 +13,7 @@ import re
 
 import numpy as np
 import pytest
+from onnxruntime.capi.onnxruntime_pybind11_state import Fail as OrtFail
 
 from kernels import check_against_ort, run_kernel
 from npu_sim.errors import KernelError
@@ -149,3 +150,19 @@ def test_empty_tensors_stay_valid():
     check_against_ort("Pad", [ones(0, 2), ints([0, 1, 0, 1])], {})
     out = run_kernel("Reshape", [ones(0, 3), ints([3, 0])], {"allowzero": 1})[0]
     assert out.shape == (3, 0)
+
+
+@pytest.mark.parametrize("n", [0, -3, limits.MAX_OUTPUTS + 1, 10**12])
+def test_split_output_count_is_bounded(n):
+    # An empty axis splits into any number of empty parts, so only the count bounds the work.
+    with pytest.raises(KernelError, match=rf"Split.*num_outputs={n} is out of range; "
+                                          rf"expected 1 to {limits.MAX_OUTPUTS}"):
+        run_kernel("Split", [np.zeros((0, 3), np.float32)], {"num_outputs": n})
+
+
+def test_split_of_an_empty_axis_is_refused_like_onnxruntime():
+    x = np.zeros((0, 3), np.float32)
+    with pytest.raises(OrtFail, match="Invalid num_outputs value of 2"):
+        check_against_ort("Split", [x], {"num_outputs": 2}, n_outputs=2, opset=18)
+    with pytest.raises(KernelError, match=r"num_outputs=2 exceeds dimension 0 of axis 0"):
+        run_kernel("Split", [x], {"num_outputs": 2})
