@@ -5,8 +5,9 @@ HBM, and run it.
 device (the list is in ``docs/firmware.md``) and raises one
 :class:`~npu_sim.errors.InvalidCommand` listing every problem found. Only then does it allocate
 the ARENA and WEIGHTS regions, upload the weights through the firmware straight from their
-host memory (one DMA per distinct range, no staging copy), and relocate the command stream:
-every ``reloc(region, offset)`` address becomes the region's HBM base plus the offset.
+host memory (:mod:`firmware_model.upload`: one DMA per run of weights contiguous in host memory
+and in HBM, no staging copy), and relocate the command stream: every ``reloc(region, offset)``
+address becomes the region's HBM base plus the offset.
 A failed load frees what it allocated.
 
 :meth:`LoadedProgram.run` checks the inputs, then submits one submission: the input DMAs
@@ -32,6 +33,7 @@ from npu_sim.kernels import registry
 
 from .commands import U32_MAX, Barrier, Command, Dma, Kernel, Signal, Wait, pack, unpack
 from .program import Program, Region, split_reloc
+from .upload import host_bytes, upload_weights
 
 if TYPE_CHECKING:
     from npu_sim.device import Device
@@ -289,7 +291,7 @@ def load_program(fw: Firmware, program: Program, *, functional: bool = True) -> 
             loaded.arena = device.malloc(program.arena_bytes)
         if program.weights_bytes:
             loaded.weights = device.malloc(program.weights_bytes)
-            _upload_weights(fw, program, loaded.weights.address)
+            upload_weights(fw, program, loaded.weights.address)
     except BaseException:
         loaded.unload()
         raise
@@ -297,74 +299,12 @@ def load_program(fw: Firmware, program: Program, *, functional: bool = True) -> 
     return loaded
 
 
-def _upload_weights(fw: Firmware, program: Program, base: int) -> None:
-    """DMA every weight straight from its own host memory to ``base + offset``.
-
-    The weights are usually read-only views into a mapped context binary: each distinct host
-    buffer is mapped once (no copy) and every distinct HBM range gets one DMA, so the device
-    moves what a real loader moves. A weight at an offset that is not DMA-aligned goes through a
-    small staging window that starts at the aligned address below it and holds the bytes that
-    belong there (a neighbouring weight's, or zeros). Gaps between weights are not written:
-    fresh HBM reads as zeros.
-    """
-    device = fw.device
-    spans: dict[int, tuple[int, np.ndarray]] = {}  # offset -> (end, host bytes), one per range
-    for i, data in program.weights.items():
-        host = _host_bytes(data)
-        if host.size:
-            spans.setdefault(program.tensors[i].offset, (program.tensors[i].offset + host.size,
-                                                         host))
-    order = sorted(spans)
-    maps: dict[tuple[int, int], int] = {}  # (host address, bytes) -> iova
-    dmas: list[tuple[int, int, int]] = []  # (iova, HBM address, bytes)
-    try:
-        for k, offset in enumerate(order):
-            end, host = spans[offset]
-            start = offset - offset % DMA_ALIGNMENT
-            if start != offset:
-                host = _staging(spans, order, k, start)
-            key = (host.__array_interface__["data"][0], host.size)
-            if key not in maps:
-                maps[key] = device.map_host(host)
-            dmas.append((maps[key], base + start, end - start))
-        fw.run([Dma(n, src, dst, size) for n, (src, dst, size) in enumerate(dmas)])
-    finally:
-        for iova in maps.values():
-            device.unmap_host(iova)
-
-
 def _same_bytes(a: bytes | bytearray | memoryview, b: bytes | bytearray | memoryview) -> bool:
     """Whether two weights hold the same bytes (at once when they are the same memory)."""
-    x, y = _host_bytes(a), _host_bytes(b)
+    x, y = host_bytes(a), host_bytes(b)
     if x.size == y.size and x.__array_interface__["data"][0] == y.__array_interface__["data"][0]:
         return True
     return bool(np.array_equal(x, y))
-
-
-def _host_bytes(data: bytes | bytearray | memoryview) -> np.ndarray:
-    """``data`` as a flat ``uint8`` array sharing its memory (a copy only if not contiguous)."""
-    try:
-        return np.frombuffer(data, np.uint8)
-    except (BufferError, ValueError):
-        return np.frombuffer(bytes(data), np.uint8)
-
-
-def _staging(spans: dict[int, tuple[int, np.ndarray]], order: list[int], k: int,
-             start: int) -> np.ndarray:
-    """The bytes of HBM range ``[start, end of span k)``: span ``k`` and whatever of the
-    spans before it reaches into the (at most 3-byte) aligned head; zeros elsewhere."""
-    offset = order[k]
-    end, host = spans[offset]
-    window = np.zeros(end - start, np.uint8)
-    window[offset - start:] = host
-    j = k - 1
-    while j >= 0 and spans[order[j]][0] > start:
-        prev = order[j]
-        prev_end, prev_host = spans[prev]
-        lo = max(prev, start)
-        window[lo - start:prev_end - start] = prev_host[lo - prev:prev_end - prev]
-        j -= 1
-    return window
 
 
 def _relocate(cmd: Command, loaded: LoadedProgram) -> Command:
