@@ -137,3 +137,77 @@ def test_a_failed_upload_unmaps_and_frees(monkeypatch):
         fw.load(program)
     assert dev.host_map._starts == []
     assert dev.hbm.stats()["hbm.bytes_in_use"] == 0
+
+
+@st.composite
+def runs_in_one_buffer(draw) -> tuple[bytes, list[tuple[int, int, int]]]:
+    """A host buffer and weights as (host start, HBM offset, bytes), in HBM order: 4-aligned,
+    non-overlapping, with gaps that sometimes match between host and HBM (a run) and sometimes
+    do not (a break)."""
+    weights, host, hbm = [], draw(st.integers(0, 3)) * 4, 0
+    for _ in range(draw(st.integers(1, 10))):
+        size = draw(st.integers(1, 40))
+        gap = draw(st.sampled_from([0, 4, 12, 512]))
+        host_gap = gap if draw(st.integers(0, 2)) else gap + 4 * draw(st.integers(1, 3))
+        if weights:
+            host, hbm = host + host_gap, hbm + gap
+        weights.append((host, hbm, size))
+        host, hbm = host + size, hbm + size
+        host, hbm = -(-host // 4) * 4, -(-hbm // 4) * 4
+    data = bytes(draw(st.binary(min_size=host, max_size=host)))
+    return data, weights
+
+
+def reference_runs(weights: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Maximal runs (host start, HBM start, bytes): the next weight joins when both gaps are
+    equal and shorter than 4096."""
+    runs: list[list[int]] = []
+    for host, hbm, size in weights:
+        if runs:
+            h, d, n = runs[-1]
+            gap = hbm - (d + n)
+            if host - (h + n) == gap and 0 <= gap < 4096:
+                runs[-1][2] = hbm + size - d
+                continue
+        runs.append([host, hbm, size])
+    return [tuple(r) for r in runs]
+
+
+@settings(max_examples=60)
+@given(runs_in_one_buffer(), st.booleans())
+def test_contiguous_weights_go_as_one_dma_per_maximal_run(case, shuffled):
+    data, weights = case
+    view = memoryview(data).toreadonly()
+    order = list(range(len(weights)))
+    if shuffled:  # tensor order need not be HBM order
+        order.reverse()
+    tensors = tuple(TensorDesc(f"w{k}", (weights[k][2],), "uint8", Region.WEIGHTS, weights[k][1])
+                    for k in order)
+    program = Program("runs", tensors, (), b"", (), (),
+                      {i: view[weights[k][0]:weights[k][0] + weights[k][2]]
+                       for i, k in enumerate(order)}, 0)
+    dev = Device("npu-s")
+    loaded = Firmware(dev).load(program)
+    runs = reference_runs(weights)
+    expected = np.zeros(program.weights_bytes, np.uint8)
+    for host, hbm, size in runs:  # a run carries the host bytes between its weights
+        expected[hbm:hbm + size] = np.frombuffer(data, np.uint8)[host:host + size]
+    got = dev.hbm.read(loaded.weights.address, program.weights_bytes)
+    np.testing.assert_array_equal(got, expected)
+    for host, hbm, size in weights:
+        assert bytes(got[hbm:hbm + size]) == data[host:host + size]
+    assert dev.stats()["dma.transfers"] == len(runs)
+    assert dev.stats()["dma.h2d.bytes"] == sum(size for _, _, size in runs)
+    assert dev.host_map._starts == []
+    loaded.unload()
+
+
+def test_adjacent_weights_in_different_buffers_are_not_joined():
+    """Two bytes objects are two buffers, even if their gaps happened to match."""
+    a, b = bytes(range(16)), bytes(range(16, 32))
+    tensors = (TensorDesc("a", (16,), "uint8", Region.WEIGHTS, 0),
+               TensorDesc("b", (16,), "uint8", Region.WEIGHTS, 16))
+    dev = Device("npu-s")
+    loaded = Firmware(dev).load(Program("two", tensors, (), b"", (), (), {0: a, 1: b}, 0))
+    assert bytes(dev.hbm.read(loaded.weights.address, 32)) == a + b
+    assert dev.stats()["dma.transfers"] == 2
