@@ -388,12 +388,14 @@ class ContextWriter:
                  output_path: str | os.PathLike[str] | None = None,
                  must_not_exist: bool = True, external_file: str | None = None,
                  size_threshold: int = 0, binary_folder: Path | None = None) -> None:
-        for key in (SHARE_EP_CONTEXTS, STOP_SHARE_EP_CONTEXTS):
-            if config.get(key, "0") == "1":
-                raise OrtNotImplemented(
-                    f"{key}=1 is not supported: every session writes its own EPContext model "
-                    "and context binary, and loading never shares graphs between sessions. "
-                    f"Set {key}=0 (or leave it unset).")
+        self.sharing = config.get(SHARE_EP_CONTEXTS, "0") == "1"
+        if output_path is not None:  # ModelCompiler: one model per compile, as in ORT
+            for key in (SHARE_EP_CONTEXTS, STOP_SHARE_EP_CONTEXTS):
+                if config.get(key, "0") == "1":
+                    raise OrtNotImplemented(
+                        f"{key}=1 is not supported by ModelCompiler; create one InferenceSession "
+                        "per model with ep.context_enable=1 and ep.share_ep_contexts=1 (the last "
+                        "one with ep.stop_share_ep_contexts=1) to share weights.")
         self.config = dict(config)
         if output_path is None:
             self.output_path = context_output_path(config, model_path)
@@ -411,6 +413,7 @@ class ContextWriter:
                                   f"folder {str(folder)!r} does not exist")
         self.binary_folder = binary_folder or folder
         self._existing = set(os.listdir(self.binary_folder))
+        self._existing_outputs = {p for p in self._outputs() if p.exists()}
 
     def provider_config(self) -> dict[str, str]:
         """The session config the providers see: output path resolved, embed mode explicit."""
@@ -418,6 +421,19 @@ class ContextWriter:
         config[EP_CONTEXT_FILE_PATH] = str(self.output_path)
         config.setdefault(EP_CONTEXT_EMBED_MODE, "0")
         return config
+
+    def check_providers(self, providers: Sequence[ExecutionProvider]) -> None:
+        """With ``ep.share_ep_contexts=1``, every provider that compiles must implement it
+        (``shares_ep_contexts``); otherwise ``NotImplemented`` before anything is compiled."""
+        if not self.sharing:
+            return
+        lacking = [p.type for p in providers
+                   if p.type != "CPUExecutionProvider" and not p.shares_ep_contexts]
+        if lacking:
+            raise OrtNotImplemented(
+                f"{SHARE_EP_CONTEXTS}=1 is not supported by {lacking}: they would write their "
+                "own EPContext binary per session instead of one for the session group. Set "
+                f"{SHARE_EP_CONTEXTS}=0 (or leave it unset), or use providers that support it.")
 
     def check_source(self, graph: GraphView) -> None:
         """Generating from a model that already has EPContext nodes is ``InvalidGraph``."""
@@ -471,24 +487,45 @@ class ContextWriter:
         """Write the EPContext model; nothing (and no error) when no provider made EPContext
         nodes unless ``always``; ``Fail`` then if ``require_nodes`` (ModelCompiler's
         ``ERROR_IF_NO_NODES_COMPILED``). Returns whether a file was written."""
+        written = False
         try:
             model, count = self.build(source, view, plan, providers)
             if count == 0 and require_nodes:
                 raise Fail("Unable to compile any nodes. Check that the session EPs support "
                            "compilation and can execute at least one subgraph in the model.")
-            if count == 0 and not always:
-                return False
-            save_model(model, self.output_path, external_file=self.external_file,
-                       size_threshold=self.size_threshold)
-            return True
+            if count or always:
+                save_model(model, self.output_path, external_file=self.external_file,
+                           size_threshold=self.size_threshold)
+                written = True
+            for provider in providers:
+                provider.end_ep_context_generation(committed=True)
+            return written
         except BaseException:
+            if written:
+                self._remove_written()
             self.cleanup(providers)
             raise
 
+    def _outputs(self) -> list[Path]:
+        paths = [self.output_path]
+        if self.external_file is not None:
+            paths.append(self.output_path.parent / self.external_file)
+        return paths
+
+    def _remove_written(self) -> None:
+        """Remove the model (and external initializers file) this writer created."""
+        for path in self._outputs():
+            if path not in self._existing_outputs:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+
     def cleanup(self, providers: Sequence[ExecutionProvider]) -> None:
-        """After a failure: delete the context binaries the providers' EPContext nodes
-        reference that did not exist before this generation began."""
+        """After a failure: tell the providers (``end_ep_context_generation(False)``) and
+        delete the context binaries their EPContext nodes reference that did not exist before
+        this generation began."""
         for provider in providers:
+            with contextlib.suppress(Exception):
+                provider.end_ep_context_generation(committed=False)
             with contextlib.suppress(Exception):
                 for node in provider.get_ep_context_nodes():
                     self._remove_new(node)

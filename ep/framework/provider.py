@@ -79,6 +79,8 @@ class ExecutionProvider(ABC):
     """Base class of execution providers. ``type`` is the provider's registered name."""
 
     type: str = ""
+    shares_ep_contexts: bool = False
+    """Whether this EP implements ``ep.share_ep_contexts`` (weight sharing across sessions)."""
 
     def __init__(self, context: ProviderContext | None = None) -> None:
         self.context = context or ProviderContext()
@@ -98,6 +100,12 @@ class ExecutionProvider(ABC):
     def get_ep_context_nodes(self) -> list[onnx.NodeProto]:
         """EPContext nodes for what :meth:`compile` compiled (empty unless generation is on)."""
         return []
+
+    def end_ep_context_generation(self, committed: bool) -> None:
+        """Called once generation is over: ``committed`` if the EPContext model was written (or
+        nothing needed writing), False if the session failed. An EP sharing contexts across
+        sessions makes this session's graphs part of its group, or drops them, here."""
+        return None
 
     def run_stats(self) -> dict[str, Any]:
         """Counters from the last run (simulated cycles, utilization...); empty by default."""

@@ -95,6 +95,7 @@ class InferenceSession:
         )
         self._graph = GraphView.from_model(model)
         if writer is not None:
+            writer.check_providers(self._providers)
             writer.check_source(self._graph)
         self._plan = partition(self._graph, self._providers)
         check_ep_context_taken(self._graph, self._plan, self._providers)

@@ -11,8 +11,12 @@ All programs go into **one** context binary (:mod:`ep.npusim.binary`):
 * ``embed_mode=1``: the binary's bytes are the first (main) node's ``ep_cache_context``; the
   others have ``main_context=0`` and an empty ``ep_cache_context``.
 
-``max_size`` is the binary's size in bytes; ``hardware_architecture`` the device config name,
-``ep_sdk_version`` :data:`~ep.npusim.version.SDK_VERSION`; ``notes`` the config digest.
+With ``ep.share_ep_contexts=1`` (:func:`make_shared_context_nodes`) the nodes reference the
+session group's binary, written by the group's last session (:mod:`ep.npusim.shared`).
+
+``max_size`` is the binary's size in bytes (0 in a sharing group); ``hardware_architecture``
+the device config name, ``ep_sdk_version`` :data:`~ep.npusim.version.SDK_VERSION`; ``notes``
+the config digest.
 
 Loading: :func:`context_capability` claims the EPContext nodes whose ``source`` is the NPU's (or
 absent, as TensorRT accepts old models); :func:`load_programs` opens every main node's binary
@@ -23,7 +27,7 @@ program by graph name. Every failure is ``InvalidGraph`` starting with
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import onnx
@@ -36,6 +40,7 @@ from ..framework import epcontext as E
 from ..framework.graph import GraphView
 from ..framework.provider import ComputeCapability, FusedNode, ProviderContext
 from .binary import ContextBinary, pack_context, write_context_binary
+from .shared import EP_SHORT_NAME, SharedWorkspace, Staged
 from .version import SDK_VERSION, sdk_major
 
 SOURCE = "NpuSimExecutionProvider"
@@ -82,12 +87,39 @@ def make_context_nodes(
         cache_main: bytes | str = payload
         cache_other: bytes | str = b""
     else:
-        path = settings.binary_path("npusim")
+        path = settings.binary_path(EP_SHORT_NAME)
         write_context_binary(path, programs, hardware_architecture=config.name,
                              config_digest=config.digest)
         size = path.stat().st_size
         relative = path.name
         cache_main = cache_other = relative
+    return _nodes(compiled, settings, config, cache_main, cache_other, size)
+
+
+def make_shared_context_nodes(
+    compiled: Sequence[tuple[FusedNode, Program]], context: ProviderContext,
+    config: DeviceConfig, shared: SharedWorkspace, *, stop: bool,
+) -> tuple[list[onnx.NodeProto], Staged]:
+    """The EPContext nodes of a session in a weight-sharing group (``ep.share_ep_contexts=1``,
+    embed mode 0), and its programs staged in ``shared`` (commit or abort them once the
+    EPContext model is written or has failed).
+
+    Every node references the group's binary by its name (relative to the model; the group
+    keeps all its files in one folder); the first node is ``main_context=1``. ``max_size`` is
+    0: the binary is written by the last session, after the others' nodes were made.
+    """
+    settings = E.generation_settings(context)
+    programs = [program for _, program in compiled]
+    staged = shared.stage(settings.output_path, settings.binary_path(EP_SHORT_NAME), programs,
+                          hardware_architecture=config.name, config_digest=config.digest,
+                          stop=stop)
+    relative = staged.binary_path.name
+    return _nodes(compiled, settings, config, relative, relative, 0), staged
+
+
+def _nodes(compiled: Sequence[tuple[FusedNode, Program]], settings: E.GenerationSettings,
+           config: DeviceConfig, cache_main: bytes | str, cache_other: bytes | str,
+           size: int) -> list[onnx.NodeProto]:
     return [
         E.make_ep_context_node(
             fused.name, fused.inputs, fused.outputs, source=SOURCE, main_context=k == 0,
@@ -117,8 +149,14 @@ def _check_node(info: E.EpContextNode, config: DeviceConfig) -> None:
                            "Use the matching device option or regenerate.")
 
 
+Acquire = Callable[[Path, Iterable[str], Callable[[Path], ContextBinary]], ContextBinary]
+"""How a session with ``ep.share_ep_contexts=1`` gets a binary file: through the workspace
+(:meth:`~ep.npusim.shared.SharedWorkspace.acquire_binary`)."""
+
+
 def _open(info: E.EpContextNode, context: ProviderContext, config: DeviceConfig,
-          opened: dict[Path, ContextBinary]) -> ContextBinary:
+          opened: dict[Path, ContextBinary], wanted: set[str],
+          acquire: Acquire | None) -> ContextBinary:
     try:
         if info.embed_mode == 1:
             if not info.ep_cache_context:
@@ -130,8 +168,10 @@ def _open(info: E.EpContextNode, context: ProviderContext, config: DeviceConfig,
         path = E.resolve_context_file(info.ep_cache_context, E.context_folder(context),
                                       node=info.name)
         if path not in opened:
-            opened[path] = ContextBinary.open(path, expected_architecture=config.name,
-                                              expected_config_digest=config.digest)
+            def opener(target: Path) -> ContextBinary:
+                return ContextBinary.open(target, expected_architecture=config.name,
+                                          expected_config_digest=config.digest)
+            opened[path] = opener(path) if acquire is None else acquire(path, wanted, opener)
         return opened[path]
     except InvalidGraph as exc:
         if exc.message.startswith(E.LOAD_ERROR):
@@ -140,19 +180,22 @@ def _open(info: E.EpContextNode, context: ProviderContext, config: DeviceConfig,
 
 
 def load_programs(fused_nodes: Sequence[FusedNode], context: ProviderContext,
-                  config: DeviceConfig) -> tuple[list[Program], list[ContextBinary]]:
+                  config: DeviceConfig, acquire: Acquire | None = None,
+                  ) -> tuple[list[Program], list[ContextBinary]]:
     """The program of each EPContext fused node (in order), and the binaries opened (keep them
-    alive while the programs' weights are in use)."""
+    alive while the programs' weights are in use). With ``acquire``, binary files are obtained
+    through it (shared between sessions) instead of opened here."""
     infos = [E.parse_ep_context_node(f.graph.node[0]) for f in fused_nodes]
     for info in infos:
         _check_node(info, config)
     opened: dict[Path, ContextBinary] = {}
     binaries: list[ContextBinary] = []
     graphs: dict[str, Program] = {}
+    wanted = {info.graph_name for info in infos}
     for info in infos:
         if not info.main_context:
             continue
-        binary = _open(info, context, config, opened)
+        binary = _open(info, context, config, opened, wanted, acquire)
         if binary not in binaries:
             binaries.append(binary)
             for name in binary.graph_names():

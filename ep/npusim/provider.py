@@ -17,6 +17,12 @@ any other key  whose value is an integer: the value of the symbolic dimension of
 :meth:`compile` compiles each fused node (:func:`ep.npusim.compiler.compile_partition`) and
 loads its program on the provider's one device (:mod:`ep.npusim.runtime`). The programs are kept
 in :attr:`programs` by fused-node name and the compile reports in :attr:`reports`.
+
+With the session option ``ep.share_ep_contexts=1`` the provider works through the process-wide
+workspace of :mod:`ep.npusim.shared`: generating, its graphs go into the session group's one
+context binary (written by the session with ``ep.stop_share_ep_contexts=1``); loading, it shares
+opened context binaries and one simulated device (:attr:`runtime`) with the other sessions that
+set the option and use the same device settings.
 """
 
 from __future__ import annotations
@@ -33,7 +39,14 @@ from npu_sim.errors import ConfigError
 from npu_sim.hbm import ALLOCATORS
 
 from .. import errors
+from ..framework import epcontext as E
 from ..framework.graph import GraphView
+from ..framework.options import (
+    EP_CONTEXT_ENABLE,
+    SHARE_EP_CONTEXTS,
+    STOP_SHARE_EP_CONTEXTS,
+    config_flag,
+)
 from ..framework.provider import (
     CompiledNode,
     ComputeCapability,
@@ -45,6 +58,7 @@ from . import epcontext as npu_epcontext
 from .capability import get_npu_capability
 from .compiler import CompileReport, compile_partition
 from .runtime import NpuRuntime, NpuSimCompiledNode
+from .shared import Staged, workspace
 
 OPTION_KEYS = ("device", "functional", "allocator")
 
@@ -53,6 +67,7 @@ class NpuSimExecutionProvider(ExecutionProvider):
     """The simulated NPU as an execution provider (see the module docstring for options)."""
 
     type = "NpuSimExecutionProvider"
+    shares_ep_contexts = True
 
     def __init__(self, context: ProviderContext | None = None) -> None:
         super().__init__(context)
@@ -65,14 +80,41 @@ class NpuSimExecutionProvider(ExecutionProvider):
             raise errors.InvalidArgument(f"NpuSimExecutionProvider option allocator="
                                          f"{self.allocator!r}; valid: {valid}")
         self.dim_overrides = _dim_overrides(options)
-        self.runtime = NpuRuntime(self.config, allocator=self.allocator,
-                                  functional=self.functional)
+        session = self.context.session_config
+        self.generating = config_flag(session, EP_CONTEXT_ENABLE)
+        self.share = config_flag(session, SHARE_EP_CONTEXTS)
+        self.stop_share = config_flag(session, STOP_SHARE_EP_CONTEXTS)
+        if self.stop_share and not self.share:
+            raise errors.InvalidArgument(
+                f"{STOP_SHARE_EP_CONTEXTS}=1 marks the last session of a group sharing EP "
+                f"contexts and needs {SHARE_EP_CONTEXTS}=1 too; got {SHARE_EP_CONTEXTS}="
+                f"{session.get(SHARE_EP_CONTEXTS, '0')!r}")
+        if self.share and self.generating:
+            self._check_shared_generation()
+        if self.share and not self.generating:
+            key = (self.config.digest, self.allocator, self.functional)
+            self.runtime = workspace().runtime(key, self._new_runtime)
+        else:
+            self.runtime = self._new_runtime()
+        self._stats: dict[str, Any] = {}
+        self._staged: Staged | None = None
         self.programs: dict[str, Program] = {}
         self.reports: dict[str, CompileReport] = {}
         self.nodes: dict[str, NpuSimCompiledNode] = {}
         # EPContext (ep/npusim/epcontext.py): nodes made at compile, binaries kept open.
         self._ep_context_nodes: list[onnx.NodeProto] = []
         self._context_binaries: list[Any] = []
+
+    def _new_runtime(self) -> NpuRuntime:
+        return NpuRuntime(self.config, allocator=self.allocator, functional=self.functional)
+
+    def _check_shared_generation(self) -> None:
+        settings = E.generation_settings(self.context)
+        if settings.embed_mode != 0:
+            raise errors.InvalidArgument(
+                f"{SHARE_EP_CONTEXTS}=1 writes one context binary file for the session group; "
+                "it needs ep.context_embed_mode=0, got 1")
+        workspace().check_joinable(settings.output_path, self.config.name, self.config.digest)
 
     # -- the EP interface ---------------------------------------------------------------------
 
@@ -96,7 +138,9 @@ class NpuSimExecutionProvider(ExecutionProvider):
         contexts = [f for f in fused_nodes if npu_epcontext.is_context_fused(f)]
         loaded: dict[str, Program] = {}
         if contexts:
-            programs, binaries = npu_epcontext.load_programs(contexts, self.context, self.config)
+            acquire = workspace().acquire_binary if self.share else None
+            programs, binaries = npu_epcontext.load_programs(contexts, self.context, self.config,
+                                                             acquire)
             self._context_binaries.extend(binaries)
             loaded = {f.name: p for f, p in zip(contexts, programs, strict=True)}
         fresh: list[tuple[FusedNode, Program]] = []
@@ -109,19 +153,41 @@ class NpuSimExecutionProvider(ExecutionProvider):
             self.reports[fused.name] = result.report
             fresh.append((fused, result.program))
             compiled.append(self.add_program(fused.name, result.program, fused.inputs))
-        if fresh and self.context.session_config.get("ep.context_enable") == "1":
+        if fresh and self.generating and self.share:
+            nodes, self._staged = npu_epcontext.make_shared_context_nodes(
+                fresh, self.context, self.config, workspace(), stop=self.stop_share)
+            self._ep_context_nodes.extend(nodes)
+        elif fresh and self.generating:
             self._ep_context_nodes.extend(
                 npu_epcontext.make_context_nodes(fresh, self.context, self.config))
+        if self.share and self.stop_share and not self.generating:
+            workspace().release_loaded()
         return compiled
 
     def get_ep_context_nodes(self) -> list[onnx.NodeProto]:
         """The EPContext nodes of the partitions compiled with ``ep.context_enable=1``."""
         return list(self._ep_context_nodes)
 
+    def end_ep_context_generation(self, committed: bool) -> None:
+        """With ``ep.share_ep_contexts=1``: the session's graphs join the group once its
+        EPContext model is written (``committed``), or are dropped if it failed; a last session
+        that compiled nothing for the NPU still writes the group's binary."""
+        staged, self._staged = self._staged, None
+        if staged is not None:
+            if committed:
+                workspace().commit(staged)
+            else:
+                workspace().abort(staged)
+        elif committed and self.share and self.stop_share and self.generating:
+            settings = E.generation_settings(self.context)
+            workspace().finish_without_graphs(settings.output_path,
+                                              hardware_architecture=self.config.name,
+                                              config_digest=self.config.digest)
+
     def add_program(self, name: str, program: Program,
                     input_names: Sequence[str] | None = None) -> NpuSimCompiledNode:
         """Load ``program`` (freshly compiled or read from a context binary) as node ``name``."""
-        node = NpuSimCompiledNode(name, program, self.runtime, input_names)
+        node = NpuSimCompiledNode(name, program, self.runtime, input_names, self._stats)
         self.programs[name] = program
         self.nodes[name] = node
         return node
@@ -129,7 +195,7 @@ class NpuSimExecutionProvider(ExecutionProvider):
     def run_stats(self) -> dict[str, Any]:
         """Simulated latency of the last run (cycles, microseconds), per-engine utilization
         (busy cycles / span for each core and DMA channel) and the device's counter deltas."""
-        return self.runtime.last_run_stats()
+        return dict(self._stats)
 
 
 def _device_config(value: str) -> DeviceConfig:

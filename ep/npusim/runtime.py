@@ -8,11 +8,16 @@ from a context binary) is loaded there once. :class:`NpuSimCompiledNode` is what
 runs through exactly the same path. Its :meth:`~NpuSimCompiledNode.run` moves the inputs through
 simulated DMA, runs the commands and returns the outputs; the runtime keeps the simulated
 latency and per-engine counters of the last run (:meth:`NpuRuntime.last_run_stats`).
+
+Sessions with ``ep.share_ep_contexts=1`` share one runtime (:mod:`ep.npusim.shared`): runs on it
+are serialized by :attr:`NpuRuntime.lock`, and each compiled node also hands the stats of its
+own runs to its provider, so a session reports its runs, not another session's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,6 +40,7 @@ class NpuRuntime:
         self.functional = functional
         self.device = Device(config, allocator=allocator)
         self.firmware = Firmware(self.device)
+        self.lock = threading.RLock()
         self._last: dict[str, Any] = {}
 
     def load(self, program: Program) -> LoadedProgram:
@@ -93,15 +99,19 @@ class NpuSimCompiledNode(CompiledNode):
     """A fused node compiled to a Program and loaded on the provider's device.
 
     ``input_names`` are the fused node's inputs in the order ``run`` receives them; the program
-    takes those of them that are not constants, matched by name.
+    takes those of them that are not constants, matched by name. ``stats``, when given, is
+    replaced by the stats of each run (how a provider sharing the device keeps its own).
     """
 
     def __init__(self, name: str, program: Program, runtime: NpuRuntime,
-                 input_names: Sequence[str] | None = None) -> None:
+                 input_names: Sequence[str] | None = None,
+                 stats: MutableMapping[str, Any] | None = None) -> None:
         self.name = name
         self.program = program
         self.runtime = runtime
-        self.loaded = runtime.load(program)
+        self.stats = stats
+        with runtime.lock:
+            self.loaded = runtime.load(program)
         names = [t.name for t in program.input_descs()]
         given = list(input_names) if input_names is not None else names
         missing = [n for n in names if n not in given]
@@ -121,10 +131,15 @@ class NpuSimCompiledNode(CompiledNode):
             raise errors.InvalidArgument(f"NpuSim node {self.name!r} takes {self._n_inputs} "
                                          f"inputs, got {len(inputs)}")
         feeds = [inputs[p] for p in self._positions]
-        outputs = self.runtime.run(self.name, self.loaded, feeds)
+        with self.runtime.lock:
+            outputs = self.runtime.run(self.name, self.loaded, feeds)
+            if self.stats is not None:
+                self.stats.clear()
+                self.stats.update(self.runtime.last_run_stats())
         return [o if o is not None else np.zeros(t.shape, dtypes.to_numpy(t.dtype))
                 for o, t in zip(outputs, self.program.output_descs(), strict=True)]
 
     def release(self) -> None:
         """Free the program's device memory."""
-        self.loaded.unload()
+        with self.runtime.lock:
+            self.loaded.unload()
