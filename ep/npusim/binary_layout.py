@@ -35,6 +35,20 @@ WEIGHT_ALIGN = 512
 MAX_GAP = WEIGHT_ALIGN
 """Bytes between consecutive parts of a file are alignment padding: zero and fewer than this."""
 
+WEIGHT_MAX_PAD = 4096
+"""A writer pads between a program's consecutive weights as the program's WEIGHTS region does
+(so a loader moves a run of them as one DMA) only while the padding is shorter than this."""
+
+CHECKSUMS_HEAD = struct.Struct("<II")
+"""WEIGHT_CHECKSUMS section: block size, block count; followed by ``count`` u32 CRC-32s."""
+
+WEIGHTS_BLOCK = 4 * 1024 * 1024
+"""Block size a writer uses for the weights' block checksums (verified in parallel)."""
+
+MIN_BLOCK = 4096
+MAX_BLOCK = 1 << 30
+"""A block size is a power of two in ``[MIN_BLOCK, MAX_BLOCK]``."""
+
 STR_COUNT = struct.Struct("<I")
 STR_LEN = struct.Struct("<I")
 GRAPH_COUNT = struct.Struct("<I")
@@ -71,6 +85,7 @@ class SectionKind(IntEnum):
     PROGRAMS = 3
     COMMANDS = 4
     WEIGHTS = 5
+    WEIGHT_CHECKSUMS = 6
 
 
 REQUIRED_SECTIONS = tuple(SectionKind)

@@ -19,7 +19,9 @@ import contextlib
 import itertools
 import mmap
 import os
+import struct
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -151,6 +153,8 @@ def _parse_sections(view: memoryview, header: L.ContextHeader) -> list[L.Section
         sections.append(entry)
     _check_tiling(view, header, sections)
     for i, entry in enumerate(sections):
+        if entry.kind == L.SectionKind.WEIGHTS:
+            continue  # verified block by block, see _weight_blocks
         computed = zlib.crc32(view[entry.offset : entry.offset + entry.length])
         if computed != entry.crc32:
             raise InvalidGraph(
@@ -180,6 +184,55 @@ def _check_tiling(view: memoryview, header: L.ContextHeader,
             )
 
 
+_WORKERS = min(2, os.cpu_count() or 1)
+"""Threads verifying weight blocks (``zlib.crc32`` releases the GIL on large buffers)."""
+
+
+@dataclass(frozen=True)
+class _Block:
+    """One checksummed block of the weights section: file range ``[start, end)``."""
+
+    section: int  # index in the section table
+    index: int
+    start: int
+    end: int
+    offset: int  # of the block in the section
+    crc32: int
+
+    def error(self, computed: int) -> InvalidGraph:
+        return InvalidGraph(
+            f"checksum mismatch in section #{self.section} (weights), block {self.index} "
+            f"(bytes [{self.offset}, {self.offset + self.end - self.start}) of the section): "
+            f"stored crc32 0x{self.crc32:08x}, computed 0x{computed:08x}"
+        )
+
+
+def _weight_blocks(view: memoryview, section: int, weights: L.SectionEntry,
+                   checksums: L.SectionEntry) -> list[_Block]:
+    """The weights section's blocks and their stored CRC-32s, from the (already verified)
+    WEIGHT_CHECKSUMS section, which must describe exactly this weights section."""
+    body = view[checksums.offset : checksums.offset + checksums.length]
+    where = "section weight_checksums"
+    if len(body) < L.CHECKSUMS_HEAD.size:
+        raise InvalidGraph(f"{where}: {len(body)} bytes, shorter than its "
+                           f"{L.CHECKSUMS_HEAD.size}-byte head")
+    block, count = L.CHECKSUMS_HEAD.unpack_from(body, 0)
+    if not L.MIN_BLOCK <= block <= L.MAX_BLOCK or block & (block - 1):
+        raise InvalidGraph(f"{where}: block size {block} is not a power of two in "
+                           f"[{L.MIN_BLOCK}, {L.MAX_BLOCK}]")
+    expected = -(-weights.length // block)
+    if count != expected:
+        raise InvalidGraph(f"{where}: {count} blocks, expected {expected} for {weights.length} "
+                           f"bytes of weights in blocks of {block}")
+    if len(body) != L.CHECKSUMS_HEAD.size + 4 * count:
+        raise InvalidGraph(f"{where}: {len(body)} bytes, expected "
+                           f"{L.CHECKSUMS_HEAD.size + 4 * count} for {count} checksums")
+    crcs = struct.unpack_from(f"<{count}I", body, L.CHECKSUMS_HEAD.size)
+    return [_Block(section, i, weights.offset + i * block,
+                   weights.offset + min((i + 1) * block, weights.length), i * block, crc)
+            for i, crc in enumerate(crcs)]
+
+
 class ContextBinary:
     """A validated context binary: its header, section table and one program per graph.
 
@@ -207,8 +260,23 @@ class ContextBinary:
         missing = [kind.name.lower() for kind in L.REQUIRED_SECTIONS if kind not in by_kind]
         if missing:
             raise InvalidGraph(f"required sections missing: {', '.join(missing)}")
+        weights = by_kind[L.SectionKind.WEIGHTS]
+        blocks = _weight_blocks(view, self.sections.index(weights), weights,
+                                by_kind[L.SectionKind.WEIGHT_CHECKSUMS])
         decoder = Decoder(view, by_kind)
-        self._programs = decoder.graphs()
+        with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
+            # The weights' blocks are verified while the records are decoded; a bad block is
+            # reported first (checksums come before records), and nothing is returned before
+            # every block is verified.
+            checks = [pool.submit(zlib.crc32, view[block.start : block.end]) for block in blocks]
+            try:
+                programs = decoder.graphs()
+            finally:
+                bad = next((b for b, c in zip(blocks, checks, strict=True)
+                            if c.result() != b.crc32), None)
+                if bad is not None:
+                    raise bad.error(checks[blocks.index(bad)].result()) from None
+        self._programs = programs
         self.weights_summary = WeightsSummary(
             blobs=len(decoder.blobs), references=len(decoder.references),
             referenced_bytes=sum(decoder.references),

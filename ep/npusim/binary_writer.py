@@ -61,11 +61,17 @@ class _Weights:
         self.pieces: list[Buffer] = []
         self.size = 0
 
-    def add(self, data: Buffer) -> int:
+    def add(self, data: Buffer, target: int | None = None) -> int:
+        """The offset of ``data``'s blob, added if new: at ``target`` (the distance the program's
+        layout puts it from its previous weight) when that is aligned, free and pads less than
+        ``WEIGHT_MAX_PAD``, else at the next aligned offset."""
         digest = hashlib.sha256(data).digest()
         if digest in self._by_digest:
             return self._by_digest[digest]
         offset = L.align_up(self.size, L.WEIGHT_ALIGN)
+        if target is not None and target % L.WEIGHT_ALIGN == 0 and \
+                offset <= target < self.size + L.WEIGHT_MAX_PAD:
+            offset = target
         if offset > self.size:
             self.pieces.append(bytes(offset - self.size))
         self.pieces.append(data)
@@ -169,14 +175,23 @@ def _encode_program(p: Program, strings: _Strings, weights: _Weights,
         out += _encode_tensor(t, strings, f"{what} tensor {i}")
     out += _index_list(p.inputs, n, 0, f"{what} inputs")
     out += _index_list(p.outputs, n, 0, f"{what} outputs")
-    for index in sorted(p.weights):
+    # Blobs are added in the program's WEIGHTS order with its distances, so that a loader can
+    # move runs of them as single DMAs; the records list them by tensor index.
+    placed: dict[int, tuple[int, int]] = {}
+    previous: tuple[int, int] | None = None  # (WEIGHTS offset, blob offset) of the last weight
+    for index in sorted(p.weights, key=lambda i: (p.tensors[i].offset, i)):
         data = p.weights[index]
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidArgument(
                 f"{what} weight of tensor {index}: expected bytes, got {type(data).__name__}"
             )
         data = memoryview(data).cast("B")
-        out += L.WEIGHT.pack(index, 0, weights.add(data), len(data))
+        at = p.tensors[index].offset
+        blob = weights.add(data, None if previous is None else previous[1] + at - previous[0])
+        placed[index] = (blob, len(data))
+        previous = (at, blob)
+    for index in sorted(placed):
+        out += L.WEIGHT.pack(index, 0, *placed[index])
     for i, launch in enumerate(p.launches):
         out += _encode_launch(launch, n, strings, f"{what} launch {i}")
     return bytes(out)
@@ -191,9 +206,31 @@ def _header_text(value: str, size: int, field: str) -> bytes:
     return raw
 
 
+def _block_checksums(pieces: Sequence[Buffer], block: int) -> bytes:
+    """The WEIGHT_CHECKSUMS section of the weights blob made of ``pieces``: the CRC-32 of each
+    ``block``-byte block (the last one shorter)."""
+    crcs: list[int] = []
+    crc, filled = 0, 0
+    for piece in pieces:
+        view = memoryview(piece).cast("B")
+        while len(view):
+            take = min(block - filled, len(view))
+            crc, filled, view = zlib.crc32(view[:take], crc), filled + take, view[take:]
+            if filled == block:
+                crcs.append(crc)
+                crc, filled = 0, 0
+    if filled:
+        crcs.append(crc)
+    return L.CHECKSUMS_HEAD.pack(block, len(crcs)) + struct.pack(f"<{len(crcs)}I", *crcs)
+
+
 def _layout(programs: Sequence[Program], hardware_architecture: str, config_digest: str,
-            sdk_version: str) -> list[Buffer]:
+            sdk_version: str, weights_block: int = L.WEIGHTS_BLOCK) -> list[Buffer]:
     """The file as a list of pieces whose concatenation is the binary."""
+    if not isinstance(weights_block, int) or not L.MIN_BLOCK <= weights_block <= L.MAX_BLOCK \
+            or weights_block & (weights_block - 1):
+        raise InvalidArgument(f"weights_block {weights_block!r} must be a power of two in "
+                              f"[{L.MIN_BLOCK}, {L.MAX_BLOCK}]")
     arch = _header_text(hardware_architecture, 128, "hardware_architecture")
     digest = _header_text(config_digest, 64, "config_digest")
     sdk = _header_text(sdk_version, 32, "sdk_version")
@@ -217,6 +254,7 @@ def _layout(programs: Sequence[Program], hardware_architecture: str, config_dige
         (L.SectionKind.PROGRAMS, [bytes(records)]),
         (L.SectionKind.COMMANDS, commands),
         (L.SectionKind.WEIGHTS, weights.pieces),
+        (L.SectionKind.WEIGHT_CHECKSUMS, [_block_checksums(weights.pieces, weights_block)]),
     ]
     table_offset = L.HEADER_SIZE
     position = table_offset + L.SECTION.size * len(sections)
@@ -229,6 +267,8 @@ def _layout(programs: Sequence[Program], hardware_architecture: str, config_dige
         for piece in pieces:
             crc = zlib.crc32(piece, crc)
             length += len(piece)
+        if kind == L.SectionKind.WEIGHTS:
+            crc = 0  # covered block by block by WEIGHT_CHECKSUMS
         body.extend(pieces)
         table += L.SECTION.pack(kind, 0, offset, length, crc, 0)
         position = offset + length
@@ -240,13 +280,16 @@ def _layout(programs: Sequence[Program], hardware_architecture: str, config_dige
 
 
 def pack_context(programs: Sequence[Program], *, hardware_architecture: str,
-                 config_digest: str = "", sdk_version: str = SDK_VERSION) -> bytes:
+                 config_digest: str = "", sdk_version: str = SDK_VERSION,
+                 weights_block: int = L.WEIGHTS_BLOCK) -> bytes:
     """Encode ``programs`` (one per graph, distinct names) into a context binary.
 
     ``hardware_architecture`` is the device config name the programs were compiled for (readers
     may require it to match); ``config_digest`` the :attr:`DeviceConfig.digest` of that config.
+    ``weights_block`` is the block size of the weights' checksums (a power of two).
     """
-    return b"".join(_layout(programs, hardware_architecture, config_digest, sdk_version))
+    return b"".join(_layout(programs, hardware_architecture, config_digest, sdk_version,
+                            weights_block))
 
 
 def write_context_binary(path: str | os.PathLike[str], programs: Sequence[Program], *,

@@ -1,0 +1,188 @@
+"""The weights section's block checksums and the writer's weight layout.
+
+A context binary checks its weights as a table of CRC-32s, one per fixed-size block (section
+WEIGHT_CHECKSUMS), so a reader verifies them in parallel; a bad block is named with its index and
+byte range. The writer lays a program's weights out in the order and with the padding of the
+program's WEIGHTS region, so the loader moves them as one DMA.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+from ep.errors import InvalidArgument, InvalidGraph
+from ep.npusim import binary_layout as L
+from ep.npusim.binary import ContextBinary, pack_context
+from firmware_model import Firmware
+from firmware_model.program import Program, Region, TensorDesc
+from npu_sim.device import Device
+
+BLOCK = L.MIN_BLOCK
+
+
+def program(sizes_and_offsets: list[tuple[int, int]], name: str = "g", seed: int = 0) -> Program:
+    """uint8 weights of the given sizes at the given WEIGHTS offsets, tensor i = entry i."""
+    rng = np.random.default_rng(seed)
+    tensors = tuple(TensorDesc(f"w{i}", (n,), "uint8", Region.WEIGHTS, at)
+                    for i, (n, at) in enumerate(sizes_and_offsets))
+    weights = {i: rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+               for i, (n, _) in enumerate(sizes_and_offsets)}
+    return Program(name, tensors, (), b"", (), (), weights, 0)
+
+
+def packed(p: Program, block: int = BLOCK) -> bytes:
+    return pack_context([p], hardware_architecture="npu-m", weights_block=block)
+
+
+def sections(data: bytes) -> dict[str, tuple[int, L.SectionEntry]]:
+    return {s.kind_name: (i, s) for i, s in enumerate(ContextBinary.from_bytes(data).sections)}
+
+
+def reseal(data: bytearray) -> bytes:
+    """Recompute the section-table and header CRC-32s (and the checksums section's own)."""
+    fields = L.HEADER.unpack_from(data, 0)
+    count, table = fields[5], fields[6]
+    for i in range(count):
+        at = table + i * L.SECTION.size
+        kind, _, offset, length, _, _ = L.SECTION.unpack_from(data, at)
+        if kind == L.SectionKind.WEIGHT_CHECKSUMS:
+            struct.pack_into("<I", data, at + 24, zlib.crc32(data[offset:offset + length]))
+    struct.pack_into("<I", data, L.HEADER.size - 4,
+                     zlib.crc32(data[table:table + count * L.SECTION.size]))
+    struct.pack_into("<I", data, L.HEADER_CRC_OFFSET, 0)
+    struct.pack_into("<I", data, L.HEADER_CRC_OFFSET, zlib.crc32(data[: L.HEADER_SIZE]))
+    return bytes(data)
+
+
+LARGE = program([(3 * BLOCK + 100, 0), (700, 3 * BLOCK + 512)])
+
+
+def test_block_table_covers_the_weights_section():
+    data = packed(LARGE)
+    (_, weights), (_, table) = sections(data)["weights"], sections(data)["weight_checksums"]
+    assert weights.crc32 == 0  # covered block by block instead
+    block, count = L.CHECKSUMS_HEAD.unpack_from(data, table.offset)
+    assert (block, count) == (BLOCK, -(-weights.length // BLOCK)) and count == 4
+    crcs = struct.unpack_from(f"<{count}I", data, table.offset + L.CHECKSUMS_HEAD.size)
+    body = data[weights.offset:weights.offset + weights.length]
+    assert list(crcs) == [zlib.crc32(body[i:i + BLOCK]) for i in range(0, len(body), BLOCK)]
+
+
+def test_every_block_is_verified_and_a_bad_one_is_named_with_its_range():
+    data = packed(LARGE)
+    index, weights = sections(data)["weights"]
+    for k in range(4):
+        for position in (k * BLOCK, min((k + 1) * BLOCK, weights.length) - 1):
+            bad = bytearray(data)
+            bad[weights.offset + position] ^= 0x10
+            end = min((k + 1) * BLOCK, weights.length)
+            with pytest.raises(InvalidGraph) as info:
+                ContextBinary.from_bytes(bytes(bad))
+            assert f"checksum mismatch in section #{index} (weights), block {k} (bytes " \
+                   f"[{k * BLOCK}, {end}) of the section)" in info.value.message
+
+
+def test_a_bad_block_is_reported_before_a_bad_record():
+    """Checksums come before records: with both wrong, the block is what is reported."""
+    data = bytearray(packed(LARGE))
+    _, weights = sections(bytes(data))["weights"]
+    _, records = sections(bytes(data))["programs"]
+    data[weights.offset + 5] ^= 1
+    struct.pack_into("<I", data, records.offset + 32, 2**32 - 1)  # absurd tensor count
+    at = L.HEADER_SIZE + 2 * L.SECTION.size + 24
+    struct.pack_into("<I", data, at, zlib.crc32(data[records.offset:records.offset +
+                                                     records.length]))
+    with pytest.raises(InvalidGraph, match=r"\(weights\), block 0 "):
+        ContextBinary.from_bytes(reseal(data))
+
+
+@pytest.mark.parametrize(("patch", "message"), [
+    (lambda d, at: struct.pack_into("<I", d, at, 3000),
+     r"block size 3000 is not a power of two in \[4096, 1073741824\]"),
+    (lambda d, at: struct.pack_into("<I", d, at, 2**31),
+     r"block size 2147483648 is not a power of two"),
+    (lambda d, at: struct.pack_into("<I", d, at + 4, 3),
+     r"3 blocks, expected 4 for \d+ bytes of weights in blocks of 4096"),
+    (lambda d, at: struct.pack_into("<I", d, at + 4, 2**32 - 1),
+     r"4294967295 blocks, expected 4"),
+    (lambda d, at: struct.pack_into("<I", d, at, 8192),
+     r"4 blocks, expected 2 for \d+ bytes of weights in blocks of 8192"),
+])
+def test_a_malformed_checksum_table_is_refused(patch, message):
+    data = bytearray(packed(LARGE))
+    _, table = sections(bytes(data))["weight_checksums"]
+    patch(data, table.offset)
+    with pytest.raises(InvalidGraph, match=f"section weight_checksums: {message}"):
+        ContextBinary.from_bytes(reseal(data))
+
+
+def test_a_checksum_table_of_the_wrong_length_is_refused():
+    """A table entry shortened by 4 bytes (the last CRC dropped): the count no longer fits."""
+    data = bytearray(packed(LARGE))
+    index, table = sections(bytes(data))["weight_checksums"]
+    at = L.HEADER_SIZE + index * L.SECTION.size + 16
+    struct.pack_into("<Q", data, at, table.length - 4)
+    data[table.offset + table.length - 4:] = bytes(4)  # now padding
+    with pytest.raises(InvalidGraph, match=r"weight_checksums: 20 bytes, expected 24 for 4"):
+        ContextBinary.from_bytes(reseal(data))
+
+
+def test_a_missing_checksum_table_is_refused():
+    data = bytearray(packed(LARGE))
+    index, _ = sections(bytes(data))["weight_checksums"]
+    struct.pack_into("<I", data, L.HEADER_SIZE + index * L.SECTION.size, 99)
+    with pytest.raises(InvalidGraph, match="required sections missing: weight_checksums"):
+        ContextBinary.from_bytes(reseal(data))
+
+
+@pytest.mark.parametrize("block", [0, 4095, 6000, 2**31, 4096.0])
+def test_writer_refuses_a_bad_block_size(block):
+    with pytest.raises(InvalidArgument, match="weights_block .* must be a power of two"):
+        packed(LARGE, block)
+
+
+def test_empty_weights_have_an_empty_table():
+    data = packed(program([]))
+    _, table = sections(data)["weight_checksums"]
+    assert L.CHECKSUMS_HEAD.unpack_from(data, table.offset) == (BLOCK, 0)
+    assert ContextBinary.from_bytes(data).programs()[0].weights == {}
+
+
+def test_writer_follows_the_programs_weights_layout_and_the_loader_moves_it_in_one_dma():
+    """Tensor order differs from WEIGHTS order; offsets are 512-aligned with padding between
+    them, as the compiler lays them out. The blobs keep those distances, so the weights come
+    back as one contiguous run of the file and load as one DMA."""
+    p = program([(1000, 2048), (300, 0), (5000, 3072), (10, 1024)])
+    binary = ContextBinary.from_bytes(packed(p))
+    loaded_program = binary.programs()[0]
+    start = {i: np.frombuffer(w, np.uint8).__array_interface__["data"][0]
+             for i, w in loaded_program.weights.items()}
+    for i, t in enumerate(p.tensors):
+        assert start[i] - start[1] == t.offset  # same distances as in WEIGHTS
+    dev = Device("npu-s")
+    loaded = Firmware(dev).load(loaded_program)
+    got = dev.hbm.read(loaded.weights.address, p.weights_bytes)
+    for i, t in enumerate(p.tensors):
+        assert bytes(got[t.offset:t.offset + t.shape[0]]) == p.weights[i]
+    assert dev.stats()["dma.transfers"] == 1
+
+
+def test_a_deduplicated_blob_breaks_the_run_of_a_second_graph():
+    """Each distinct content is stored once: the second graph reuses graph one's first blob (at
+    0, where its own next weight cannot follow at the same distance), so its weights are two
+    runs, and still load correctly."""
+    one = program([(600, 0), (600, 1024)], "one", seed=1)
+    two = program([(600, 0), (800, 1024)], "two", seed=2)
+    two.weights[0] = one.weights[0]
+    data = pack_context([one, two], hardware_architecture="npu-m", weights_block=BLOCK)
+    binary = ContextBinary.from_bytes(data)
+    assert binary.weights_summary.blobs == 4 - 1
+    dev = Device("npu-s")
+    loaded = Firmware(dev).load(binary.program("two"))
+    got = dev.hbm.read(loaded.weights.address, two.weights_bytes)
+    assert bytes(got[:600]) == two.weights[0] and bytes(got[1024:1824]) == two.weights[1]
+    assert dev.stats()["dma.transfers"] == 2
