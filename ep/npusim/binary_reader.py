@@ -3,10 +3,11 @@
 :class:`ContextBinary` opens a file through ``mmap`` (:meth:`ContextBinary.open`) or wraps bytes
 already in memory (:meth:`ContextBinary.from_bytes`, for EPContext embed mode). Opening checks
 the whole file before anything is used: magic, format and SDK versions, hardware architecture,
-header and section-table crc32s, the size, every section's bounds, alignment and CRC-32, the
-padding between parts, and every record of every program. Each count and length is checked
-against the bytes that remain *before* anything is allocated from it, so a corrupt or hostile
-file costs at most its own size in memory and time. Every failure raises
+header and section-table crc32s, the size, every section's bounds, alignment and CRC-32 (the
+weights' per block, from the WEIGHT_CHECKSUMS table, on a small thread pool while the records are
+decoded), the padding between parts, and every record of every program. Each count and
+length is checked against the bytes that remain *before* anything is allocated from it, so a
+corrupt or hostile file costs at most its own size in memory and time. Every failure raises
 :class:`ep.errors.InvalidGraph` saying what was wrong; nothing is unpickled or evaluated.
 
 The weights of the returned programs are read-only memoryviews into the mapping (or into the
