@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from ep.errors import OrtError
-from ep.npusim.binary import ContextBinary
+from ep.npusim.binary import ContextBinary, SectionEntry, SectionKind
 from firmware_model import commands as fc
 from firmware_model.program import AttrValue, Program, Region
 from npu_sim.errors import InvalidCommand
@@ -155,10 +155,18 @@ def _print_header(binary: ContextBinary, path: str, out: TextIO) -> None:
     for key, value in rows:
         print(f"  {key:<15} {value}", file=out)
     print(f"\nsections ({len(binary.sections)})", file=out)
-    _table([(str(i), s.kind_name, str(s.offset), f"{s.length:,}", f"0x{s.crc32:08x}", "ok")
+    _table([(str(i), s.kind_name, str(s.offset), f"{s.length:,}", _section_crc(s), "ok")
             for i, s in enumerate(binary.sections)],
            ("#", "kind", "offset", "length", "crc32", "checksum"), out)
     print(f"\ngraphs ({len(binary.graph_names())}): {', '.join(binary.graph_names())}", file=out)
+
+
+def _section_crc(section: SectionEntry) -> str:
+    # The weights are checked per block (their table is the WEIGHT_CHECKSUMS section), so
+    # their own entry's crc32 field is unused.
+    if section.kind == SectionKind.WEIGHTS:
+        return "per block"
+    return f"0x{section.crc32:08x}"
 
 
 def _shape(program: Program, index: int) -> str:

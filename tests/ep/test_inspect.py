@@ -50,6 +50,8 @@ def test_inspect_prints_header_graphs_commands_and_dedup(binary_path, capsys):
     for kind in ("strings", "graphs", "programs", "commands", "weights"):
         assert f"  {kind} " in out
     assert "graphs (2): encoder, decoder" in out
+    weights_row = next(line for line in out.splitlines() if " weights " in f" {line} ")
+    assert "per block" in weights_row and "0x00000000" not in weights_row
     assert "graph 'encoder'" in out and "graph 'decoder'" in out
     assert "images float32[1, 3, 10, 10]" in out and "logits float16[1, 10]" in out
     assert "Conv node='encoder/conv' inputs=[0, 1, 2] outputs=[3]" in out
