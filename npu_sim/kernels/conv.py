@@ -121,12 +121,7 @@ def window(
         ]
         begin, end = split_pads(total, upper=auto_pad == "SAME_UPPER")
     else:
-        pads = (
-            (0,) * 2 * rank
-            if auto_pad == "VALID"
-            else int_tuple(op, attrs, "pads", (0,) * 2 * rank, 0)
-        )
-        begin, end = list(pads[:rank]), list(pads[rank:])
+        begin, end = explicit_pads(op, attrs, rank, auto_pad)
         out = []
         for i, s, f, b, e in zip(in_shape, strides, span, begin, end, strict=True):
             extent = i + b + e - f
@@ -145,6 +140,14 @@ def window(
             f"{begin + end}) does not fit in spatial shape {list(in_shape)}",
         )
     return Window(kernel_shape, strides, dilations, tuple(begin), tuple(end), tuple(out))
+
+
+def explicit_pads(op: str, attrs: Mapping[str, Any], rank: int,
+                  auto_pad: str) -> tuple[list[int], list[int]]:
+    """Begin and end pads from ``pads`` (zeros for ``VALID``), for ``auto_pad`` not SAME_*."""
+    zeros = (0,) * 2 * rank
+    pads = zeros if auto_pad == "VALID" else int_tuple(op, attrs, "pads", zeros, 0)
+    return list(pads[:rank]), list(pads[rank:])
 
 
 def split_pads(total: Sequence[int], *, upper: bool) -> tuple[list[int], list[int]]:
@@ -442,12 +445,7 @@ def transpose_window(
         total = [max(0, f - o) for f, o in zip(full, out, strict=True)]
         begin, end = split_pads(total, upper=auto_pad == "SAME_UPPER")
     else:
-        pads = (
-            (0,) * 2 * rank
-            if auto_pad == "VALID"
-            else int_tuple(op, attrs, "pads", (0,) * 2 * rank, 0)
-        )
-        begin, end = list(pads[:rank]), list(pads[rank:])
+        begin, end = explicit_pads(op, attrs, rank, auto_pad)
         out = [f - b - e for f, b, e in zip(full, begin, end, strict=True)]
     if any(o < 1 for o in out):
         raise KernelError(op, "", f"pads {begin + end} leave an empty output {out}")
