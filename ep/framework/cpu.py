@@ -18,10 +18,10 @@ from onnx import helper
 
 from ..errors import EPFail, InvalidArgument
 from .graph import GraphView
+from .options import INTRA_OP_THREADS
 from .provider import CompiledNode, ComputeCapability, ExecutionProvider, FusedNode
 
 THREADS_OPTION = "intra_op_num_threads"
-THREADS_CONFIG = "session.intra_op.num_threads"
 _MIN_IR_VERSION = 7  # initializers need not be graph inputs from IR 4; 7 is ORT's floor here
 
 
@@ -90,7 +90,7 @@ class CPUExecutionProvider(ExecutionProvider):
     def _threads(self) -> int | None:
         for source, key in (
             (self.context.provider_options, THREADS_OPTION),
-            (self.context.session_config, THREADS_CONFIG),
+            (self.context.session_config, INTRA_OP_THREADS),
         ):
             value = source.get(key)
             if value is None or value == "":
