@@ -1,19 +1,11 @@
 """Compute dispatch: kernels registered by the test, with their own cycles function."""
 
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
+from kernel_fixtures import FixedCost, fixed_cycles, put, registered_kernels
 
 from npu_sim import Device, TensorSpec
 from npu_sim.errors import KernelError
-from npu_sim.kernels.registry import register_kernel, unregister_kernel
-
-
-@dataclass(frozen=True)
-class FixedCost:
-    total_cycles: int
-    macs: int = 0
 
 
 def scale_values(inputs, attrs):
@@ -28,24 +20,14 @@ def scale_cycles(config, in_specs, out_specs, attrs, cores=1):
 
 @pytest.fixture
 def kernels():
-    names = {
+    with registered_kernels({
         "TestScale": (scale_values, scale_cycles),
-        "TestBoom": (lambda i, a: 1 / 0, lambda *a, **k: FixedCost(50)),
-        "TestWrongShape": (lambda i, a: [np.zeros(3, np.float32)], lambda *a, **k: FixedCost(5)),
-        "TestWrongDtype": (lambda i, a: [i[0].astype(np.float64)], lambda *a, **k: FixedCost(5)),
-        "TestBadCost": (scale_values, lambda *a, **k: FixedCost(-3)),
-    }
-    for name, (values, cycles) in names.items():
-        register_kernel(name, values, cycles=cycles, replace=True)
-    yield
-    for name in names:
-        unregister_kernel(name)
-
-
-def put(dev, array):
-    buf = dev.malloc(array.nbytes)
-    dev.hbm.write(buf.address, array)
-    return buf
+        "TestBoom": (lambda i, a: 1 / 0, fixed_cycles(50)),
+        "TestWrongShape": (lambda i, a: [np.zeros(3, np.float32)], fixed_cycles(5)),
+        "TestWrongDtype": (lambda i, a: [i[0].astype(np.float64)], fixed_cycles(5)),
+        "TestBadCost": (scale_values, fixed_cycles(-3)),
+    }):
+        yield
 
 
 def get(dev, buf, spec):

@@ -1,21 +1,13 @@
 """Kernel inputs are read-only views of HBM: no copy, no writes, results snapshotted at once."""
 
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
+from kernel_fixtures import fixed_cycles, put, registered_kernels
 
 from npu_sim import Device, TensorSpec
 from npu_sim.errors import KernelError
-from npu_sim.kernels.registry import register_kernel, unregister_kernel
 
 SPEC = TensorSpec((256,), "float32")
-
-
-@dataclass(frozen=True)
-class FixedCost:
-    total_cycles: int
-
 
 seen: list[np.ndarray] = []
 
@@ -32,26 +24,15 @@ def _keep(inputs, attrs):
 
 @pytest.fixture
 def kernels():
-    names = {
-        "TestScribble": (_scribble, 10),
-        "TestKeep": (_keep, 10),
-        # Returns its input itself (as Identity/Reshape may): a view of HBM.
-        "TestSameView": (lambda i, a: [i[0]], 1000),
-        "TestFill": (lambda i, a: [np.full(SPEC.shape, 7.0, np.float32)], 10),
-    }
-    for name, (values, cycles) in names.items():
-        register_kernel(name, values, cycles=lambda *a, c=cycles, **k: FixedCost(c),
-                        replace=True)
     seen.clear()
-    yield
-    for name in names:
-        unregister_kernel(name)
-
-
-def put(dev, array):
-    buf = dev.malloc(array.nbytes)
-    dev.hbm.write(buf.address, array)
-    return buf
+    with registered_kernels({
+        "TestScribble": (_scribble, fixed_cycles(10)),
+        "TestKeep": (_keep, fixed_cycles(10)),
+        # Returns its input itself (as Identity/Reshape may): a view of HBM.
+        "TestSameView": (lambda i, a: [i[0]], fixed_cycles(1000)),
+        "TestFill": (lambda i, a: [np.full(SPEC.shape, 7.0, np.float32)], fixed_cycles(10)),
+    }):
+        yield
 
 
 def test_inputs_are_read_only_views_of_hbm(kernels):

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from kernel_fixtures import fixed_cycles, registered_kernels
 from ortref import run_ort
 
 from firmware_model import (
@@ -26,7 +26,6 @@ from firmware_model import (
 from npu_sim import DeviceConfig
 from npu_sim.device import Device
 from npu_sim.errors import DeviceFault, HbmOutOfMemory, InvalidCommand
-from npu_sim.kernels import register_kernel, unregister_kernel
 
 SHAPE = (4, 16)
 NB = 4 * 16 * 4  # bytes of one float32 tensor of SHAPE
@@ -141,9 +140,7 @@ def test_a_fault_during_a_run_is_typed_and_leaves_the_device_usable(dev):
     def fail(ins, attrs):
         raise ValueError("bad values")
 
-    register_kernel("fwtest.LoaderFail", fail,
-                    cycles=lambda *a, **k: SimpleNamespace(total_cycles=1))
-    try:
+    with registered_kernels({"fwtest.LoaderFail": (fail, fixed_cycles(1))}):
         good = two_kernel_program()
         bad = dataclasses.replace(good, launches=(good.launches[0],
                                                   KernelLaunch("fwtest.LoaderFail", (3,), (4,))))
@@ -156,8 +153,6 @@ def test_a_fault_during_a_run_is_typed_and_leaves_the_device_usable(dev):
         loaded.unload()
         x = np.ones(SHAPE, np.float32)
         np.testing.assert_array_equal(fw.load(good).run([x])[0], reference(x))
-    finally:
-        unregister_kernel("fwtest.LoaderFail")
 
 
 # -- validation ---------------------------------------------------------------------------------

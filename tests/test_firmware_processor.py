@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_fixtures import registered_kernels
 
 from firmware_model import (
     Barrier,
@@ -28,7 +29,6 @@ from firmware_model import (
 )
 from npu_sim.device import Device
 from npu_sim.errors import ConfigError, DeviceFault, InvalidCommand, KernelError
-from npu_sim.kernels import register_kernel, unregister_kernel
 
 TILE = 256  # bytes per test tensor (64 float32)
 
@@ -37,17 +37,15 @@ def _cycles(config, ins, outs, attrs, cores=1):
     return SimpleNamespace(total_cycles=int(attrs["cycles"]))
 
 
+def _fail(ins, attrs):
+    raise ValueError("boom")
+
+
 @pytest.fixture(scope="module", autouse=True)
 def test_kernels():
-    register_kernel("fwtest.Copy", lambda ins, attrs: [ins[0].copy()], cycles=_cycles)
-
-    def fail(ins, attrs):
-        raise ValueError("boom")
-
-    register_kernel("fwtest.Fail", fail, cycles=_cycles)
-    yield
-    unregister_kernel("fwtest.Copy")
-    unregister_kernel("fwtest.Fail")
+    with registered_kernels({"fwtest.Copy": (lambda ins, attrs: [ins[0].copy()], _cycles),
+                             "fwtest.Fail": (_fail, _cycles)}):
+        yield
 
 
 def make_program(cycles: list[int], ops: list[str] | None = None) -> Program:
@@ -391,10 +389,7 @@ def test_kernel_error_type_is_reported_by_name(rig):
     def bad(ins, attrs):
         raise KernelError("fwtest.Bad", "n", "shape (3,) is not supported")
 
-    register_kernel("fwtest.Bad", bad, cycles=_cycles)
-    try:
+    with registered_kernels({"fwtest.Bad": (bad, _cycles)}):
         prog = rig.fw.load(make_program([5], ["fwtest.Bad"]))
         with pytest.raises(DeviceFault, match=r"shape \(3,\) is not supported"):
             rig.fw.run([Kernel(1, 0, 0)], program=prog)
-    finally:
-        unregister_kernel("fwtest.Bad")
