@@ -33,7 +33,7 @@ from npu_sim.kernels import registry
 
 from .commands import U32_MAX, Barrier, Command, Dma, Kernel, Signal, Wait, pack, unpack
 from .program import Program, Region, split_reloc
-from .upload import host_bytes, upload_weights
+from .upload import host_address, host_bytes, upload_weights
 
 if TYPE_CHECKING:
     from npu_sim.device import Device
@@ -302,7 +302,7 @@ def load_program(fw: Firmware, program: Program, *, functional: bool = True) -> 
 def _same_bytes(a: bytes | bytearray | memoryview, b: bytes | bytearray | memoryview) -> bool:
     """Whether two weights hold the same bytes (at once when they are the same memory)."""
     x, y = host_bytes(a), host_bytes(b)
-    if x.size == y.size and x.__array_interface__["data"][0] == y.__array_interface__["data"][0]:
+    if x.size == y.size and host_address(x) == host_address(y):
         return True
     return bool(np.array_equal(x, y))
 

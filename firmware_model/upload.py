@@ -51,7 +51,7 @@ def upload_weights(fw: Firmware, program: Program, base: int) -> None:
     dmas: list[tuple[int, int, int]] = []  # (iova, HBM address, bytes)
     try:
         for start, host in _upload_runs(spans, order, _owner_of(program)):
-            key = (host.__array_interface__["data"][0], host.size)
+            key = (host_address(host), host.size)
             if key not in maps:
                 maps[key] = device.map_host(host)
             dmas.append((maps[key], base + start, host.size))
@@ -74,13 +74,14 @@ def _owner_of(program: Program) -> dict[int, tuple[int, np.ndarray]]:
             whole = np.frombuffer(data.obj, np.uint8)
         except (BufferError, TypeError, ValueError):
             continue
-        address, low = _address(host_bytes(data)), _address(whole)
+        address, low = host_address(host_bytes(data)), host_address(whole)
         if low <= address and address + len(data) <= low + whole.size:  # a view, not a copy
             owners[address] = (id(data.obj), whole)
     return owners
 
 
-def _address(host: np.ndarray) -> int:
+def host_address(host: np.ndarray) -> int:
+    """The host memory address of ``host``'s first byte."""
     return host.__array_interface__["data"][0]
 
 
@@ -99,7 +100,7 @@ def _upload_runs(spans: dict[int, tuple[int, np.ndarray]], order: list[int],
             if owner is None:  # one weight not in a known buffer: its own bytes
                 out.append((start, spans[start][1]))
             else:
-                first = lo - _address(owner[1])
+                first = lo - host_address(owner[1])
                 out.append((start, owner[1][first:first + end - start]))
             run.clear()
 
@@ -110,7 +111,7 @@ def _upload_runs(spans: dict[int, tuple[int, np.ndarray]], order: list[int],
             start = offset - offset % DMA_ALIGNMENT
             out.append((start, _staging(spans, order, k, start)))
             continue
-        address = _address(host)
+        address = host_address(host)
         owner = owners.get(address)
         if run and owner is not None and owner[0] == run[2] \
                 and address - run[4] == offset - run[1] and 0 <= offset - run[1] < _MAX_GAP:
