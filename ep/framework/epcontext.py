@@ -173,29 +173,41 @@ class GenerationSettings:
         return self.output_path.parent / f"{self.model_name}_{ep_short_name.lower()}.bin"
 
 
-def _is_folder_path(path: str) -> bool:
+def is_folder_path(path: str) -> bool:
+    """True if ``path`` names a folder (ends with a separator, has no suffix, or is one)."""
     return path.endswith(("/", os.sep)) or not Path(path).suffix or Path(path).is_dir()
 
 
-def context_output_path(config: Mapping[str, str], model_path: str | None) -> Path:
-    """Where the EPContext model goes: ``ep.context_file_path``, or the model path with
-    ``.onnx`` replaced by ``_ctx.onnx``. Errors are ONNX Runtime's: a folder is
-    ``InvalidArgument``, no path at all (model from bytes) is ``InvalidArgument``, an existing
-    file is ``Fail``."""
+def planned_output_path(config: Mapping[str, str], model_path: str | None) -> Path:
+    """``ep.context_file_path``, or the model path with ``.onnx`` replaced by ``_ctx.onnx``;
+    ``InvalidArgument`` (ONNX Runtime's) when there is neither (a model from bytes)."""
     given = config.get(EP_CONTEXT_FILE_PATH, "")
     if given:
-        if _is_folder_path(given):
-            raise InvalidArgument("context_file_path should not point to a folder.")
-        path = Path(given)
-    elif model_path:
+        return Path(given)
+    if model_path:
         source = Path(model_path)
         stem = source.name[:-5] if source.name.endswith(".onnx") else source.name
-        path = source.with_name(f"{stem}_ctx.onnx")
-    else:
-        raise InvalidArgument("Both ep_context_path and model_path are empty.")
+        return source.with_name(f"{stem}_ctx.onnx")
+    raise InvalidArgument("Both ep_context_path and model_path are empty.")
+
+
+def output_exists_error(path: str | os.PathLike[str]) -> Fail:
+    """ONNX Runtime's error for an EPContext model that would overwrite ``path``."""
+    return Fail(f"Failed to generate EP context model since the file '\"{os.fspath(path)}\"' "
+                "exists already. Please remove the EP context model if you want to re-generate "
+                "it.")
+
+
+def context_output_path(config: Mapping[str, str], model_path: str | None) -> Path:
+    """Where a session's EPContext model goes (:func:`planned_output_path`). Errors are ONNX
+    Runtime's: a folder is ``InvalidArgument``, no path at all (model from bytes) is
+    ``InvalidArgument``, an existing file is ``Fail``."""
+    given = config.get(EP_CONTEXT_FILE_PATH, "")
+    if given and is_folder_path(given):
+        raise InvalidArgument("context_file_path should not point to a folder.")
+    path = planned_output_path(config, model_path)
     if path.exists():
-        raise Fail(f"Failed to generate EP context model since the file '\"{path}\"' exists "
-                   "already. Please remove the EP context model if you want to re-generate it.")
+        raise output_exists_error(path)
     return path
 
 
@@ -316,7 +328,7 @@ def external_file_name(config: Mapping[str, str]) -> str | None:
     name = config.get(EP_CONTEXT_EXTERNAL_INITIALIZERS, "")
     if not name:
         return None
-    if os.path.isabs(name) or ".." in Path(name).parts or _is_folder_path(name):
+    if os.path.isabs(name) or ".." in Path(name).parts or is_folder_path(name):
         raise InvalidArgument(f"{EP_CONTEXT_EXTERNAL_INITIALIZERS}={name!r} is invalid; expected "
                               "a file name relative to the EPContext model's folder")
     return name
@@ -386,7 +398,7 @@ class ContextWriter:
 
     def __init__(self, config: Mapping[str, str], model_path: str | None, *,
                  output_path: str | os.PathLike[str] | None = None,
-                 must_not_exist: bool = True, external_file: str | None = None,
+                 external_file: str | None = None,
                  size_threshold: int = 0, binary_folder: Path | None = None) -> None:
         self.sharing = config.get(SHARE_EP_CONTEXTS, "0") == "1"
         if output_path is not None:  # ModelCompiler: one model per compile, as in ORT
@@ -397,12 +409,8 @@ class ContextWriter:
                         "per model with ep.context_enable=1 and ep.share_ep_contexts=1 (the last "
                         "one with ep.stop_share_ep_contexts=1) to share weights.")
         self.config = dict(config)
-        if output_path is None:
-            self.output_path = context_output_path(config, model_path)
-        else:
-            self.output_path = Path(output_path)
-            if must_not_exist and self.output_path.exists():
-                context_output_path({EP_CONTEXT_FILE_PATH: str(output_path)}, None)
+        self.output_path = context_output_path(config, model_path) if output_path is None \
+            else Path(output_path)
         self.external_file = external_file if external_file is not None \
             else external_file_name(config)
         self.size_threshold = size_threshold

@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..errors import Fail, InvalidArgument
-from .epcontext import ContextWriter, _is_folder_path
+from ..errors import InvalidArgument
+from .epcontext import ContextWriter, is_folder_path, output_exists_error, planned_output_path
 from .graph import GraphView
 from .options import (
     EP_CONTEXT_EMBED_MODE,
@@ -89,13 +89,10 @@ class ModelCompiler:
     def compile_to_file(self, output_model_path: str | os.PathLike[str]) -> None:
         """Compile and write the EPContext model to ``output_model_path`` (atomically)."""
         path = os.fspath(output_model_path)
-        if not path or _is_folder_path(path):
+        if not path or is_folder_path(path):
             raise InvalidArgument("context_file_path should not point to a folder.")
-        exists = Path(path).exists()
-        if exists and self._flags & OrtCompileApiFlags.ERROR_IF_OUTPUT_FILE_EXISTS:
-            raise Fail(f"Failed to generate EP context model since the file '\"{path}\"' exists "
-                       "already. Please remove the EP context model if you want to re-generate "
-                       "it.")
+        if self._flags & OrtCompileApiFlags.ERROR_IF_OUTPUT_FILE_EXISTS and Path(path).exists():
+            raise output_exists_error(path)
         self._compile(Path(path))
 
     def compile_to_bytes(self) -> bytes:
@@ -110,16 +107,9 @@ class ModelCompiler:
                 out = Path(tmp) / "model_ctx.onnx"
                 self._compile(out)
                 return out.read_bytes()
-        config = self._options.config_entries()
-        given = config.get(EP_CONTEXT_FILE_PATH, "")
-        if given:
-            anchor = Path(given)
-        elif isinstance(self._input, (str, os.PathLike)):
-            anchor = Path(os.fspath(self._input))
-            stem = anchor.name[:-5] if anchor.name.endswith(".onnx") else anchor.name
-            anchor = anchor.with_name(f"{stem}_ctx.onnx")
-        else:
-            raise InvalidArgument("Both ep_context_path and model_path are empty.")
+        model_path = os.fspath(self._input) if isinstance(self._input, (str, os.PathLike)) \
+            else None
+        anchor = planned_output_path(self._options.config_entries(), model_path)
         with tempfile.TemporaryDirectory(dir=anchor.parent) as tmp:
             out = Path(tmp) / anchor.name
             self._compile(out, binary_anchor=anchor)
@@ -130,7 +120,7 @@ class ModelCompiler:
         config[EP_CONTEXT_ENABLE] = "1"
         config[EP_CONTEXT_EMBED_MODE] = "1" if self._embed else "0"
         model, model_path = load_model(self._input, config)
-        writer = ContextWriter(config, model_path, output_path=output, must_not_exist=False,
+        writer = ContextWriter(config, model_path, output_path=output,
                                external_file=self._external, size_threshold=self._threshold,
                                binary_folder=binary_anchor.parent if binary_anchor else None)
         provider_config = writer.provider_config()
