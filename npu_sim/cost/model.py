@@ -21,8 +21,6 @@ from ..config import DeviceConfig
 from ..dtypes import TensorSpec
 from ..errors import KernelError
 
-ENGINES = ("array", "vector", "none")
-
 
 @dataclass(frozen=True)
 class Cost:
@@ -31,7 +29,8 @@ class Cost:
     ``total_cycles = max(compute_cycles, memory_cycles) + overhead_cycles``. ``hbm_bytes``
     counts every byte moved between HBM and SRAM including re-fetches; ``refetch`` is that over
     the bytes of the operands themselves (1.0 when every tile fitted SRAM), and ``notes`` says
-    what was re-fetched and why. ``cores`` is the number of cores that got work.
+    what was re-fetched and why. ``engine`` is ``"array"``, ``"vector"`` or ``"none"`` (a view);
+    ``cores`` is the number of cores that got work.
     """
 
     compute_cycles: int
