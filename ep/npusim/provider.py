@@ -97,6 +97,7 @@ class NpuSimExecutionProvider(ExecutionProvider):
         else:
             self.runtime = self._new_runtime()
         self._stats: dict[str, Any] = {}
+        self._declined: tuple[GraphView, dict[int, str]] | None = None
         self._staged: Staged | None = None
         self.programs: dict[str, Program] = {}
         self.reports: dict[str, CompileReport] = {}
@@ -122,14 +123,19 @@ class NpuSimExecutionProvider(ExecutionProvider):
         """EPContext nodes made by this EP (one group each), then connected groups of nodes
         the NPU supports (see :mod:`ep.npusim.capability`)."""
         contexts = npu_epcontext.context_capability(graph)
+        view = graph
         if contexts:
             taken = {i for cap in contexts for i in cap.nodes}
-            graph = graph.with_assigned(graph.assigned | taken)
-        capabilities, _ = get_npu_capability(graph)
+            view = graph.with_assigned(graph.assigned | taken)
+        capabilities, reasons = get_npu_capability(view)
+        self._declined = (graph, reasons)
         return contexts + capabilities
 
     def decline_reasons(self, graph: GraphView) -> dict[int, str]:
-        """Why each unassigned node the NPU does not take was declined."""
+        """Why each unassigned node the NPU does not take was declined (for the view
+        :meth:`get_capability` was just asked about, the reasons it found then)."""
+        if self._declined is not None and self._declined[0] is graph:
+            return dict(self._declined[1])
         _, reasons = get_npu_capability(graph)
         return reasons
 

@@ -23,6 +23,7 @@ from onnx import TensorProto, helper
 
 from ep import errors
 from ep.framework.graph import GraphView
+from ep.framework.partitioner import partition
 from ep.framework.provider import ProviderContext
 from ep.npusim import NpuSimExecutionProvider
 
@@ -149,6 +150,33 @@ def test_capability_and_decline_reasons_come_from_the_support_table():
     caps = ep.get_capability(graph)
     assert [c.nodes for c in caps] == [(0,)]
     assert "cubic" in ep.decline_reasons(graph)[1]
+
+
+def test_partitioning_checks_each_node_against_the_table_once(monkeypatch):
+    """The partitioner asks get_capability then decline_reasons on one view: the support
+    table is walked once, and a view get_capability never saw is still answered."""
+    import ep.npusim.provider as npu_provider
+
+    calls = []
+    real = npu_provider.get_npu_capability
+
+    def counting(view):
+        calls.append(view)
+        return real(view)
+
+    monkeypatch.setattr(npu_provider, "get_npu_capability", counting)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Resize", ["r", "", "scales"], ["y"], mode="cubic")]
+    m = model(nodes, [("x", F, (1, 1, 2, 2))], [("y", F, (1, 1, 4, 4))],
+              {"scales": np.array([1, 1, 2, 2], np.float32)})
+    graph = GraphView.from_model(m)
+    ep = provider()
+    plan = partition(graph, [ep])
+    assert len(calls) == 1
+    assert "cubic" in plan.reasons[graph.names[1]]["NpuSimExecutionProvider"]
+    other = graph.with_assigned({0})
+    assert "cubic" in ep.decline_reasons(other)[1]
+    assert len(calls) == 2
 
 
 def test_wrong_input_count_is_invalid_argument():
