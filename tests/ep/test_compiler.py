@@ -181,15 +181,28 @@ def test_small_op_stays_on_one_core_and_big_one_splits():
     assert big.report.launches[0]["cores"] == NPU_M.cores
 
 
+def test_core_split_follows_the_cost_model_not_the_outer_rows():
+    # One outer row of 64 Ki elements: the vector unit splits elements, so Softmax gains from a
+    # second core (the cost model's split, which the device prices the launch with).
+    x = (1, 1 << 16)
+    cp = compiled(model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], [("x", F, x)],
+                        [("y", F, x)], opset=13))
+    (entry,) = cp.report.launches
+    assert entry["cores"] > 1
+    assert entry["cycles"] < entry["cycles_one_core"]
+
+
 def test_independent_branches_run_on_disjoint_cores():
-    # Two convs of x, each with 2 output rows (so at most 2 cores each), are both ready at
-    # once: list scheduling gives them disjoint cores of the 4.
+    # Two convs of x, each with 2 * array_rows output pixels: two folds of the array, so the
+    # cost model gains nothing past 2 cores. Both are ready at once: list scheduling gives them
+    # disjoint cores of the 4.
+    width = NPU_M.array_rows
     r = np.random.default_rng(0)
     w1, w2 = (r.normal(size=(64, 64, 3, 3)).astype(np.float32) for _ in range(2))
     nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
              helper.make_node("Conv", ["x", "w2"], ["b"], pads=[1, 1, 1, 1]),
              helper.make_node("Add", ["a", "b"], ["y"])]
-    m = model(nodes, [("x", F, (1, 64, 2, 256))], [("y", F, (1, 64, 2, 256))],
+    m = model(nodes, [("x", F, (1, 64, 2, width))], [("y", F, (1, 64, 2, width))],
               {"w1": w1, "w2": w2})
     launches = compiled(m).report.launches
     conv_a, conv_b = launches[0], launches[1]

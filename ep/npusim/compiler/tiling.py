@@ -2,11 +2,11 @@
 
 For every launch the compiler decides
 
-- the *core split*: the launch's output rows (GEMM ``M``; ``N*OH`` for a convolution or pool;
-  the outer dimensions of a vector op) are split evenly over ``k`` cores. ``k`` is the smallest
-  count whose cost (:func:`npu_sim.cost.op_cost`) is within :data:`SPLIT_GAIN` of the best over
-  ``1..min(cores, rows)``: a small op stays on fewer cores when splitting does not pay, leaving
-  the others free for an independent branch;
+- the *core split*: how many cores ``k`` the launch runs on. The cost model
+  (:func:`npu_sim.cost.op_cost`, which the device also prices the launch with) decides how work
+  splits over ``k`` cores and how many of them get any; ``k`` is the smallest count whose cost is
+  within :data:`SPLIT_GAIN` of the best over ``1..cores``: a small op stays on fewer cores when
+  splitting does not pay, leaving the others free for an independent branch;
 - the *SRAM tiling*: per core, tile sizes that fit ``sram_bytes_per_core`` with the streamed
   operands double-buffered. A GEMM-shaped op (Conv as im2col, Gemm, MatMul and their QLinear
   forms) tiles ``(tm, tn, tk)``: ``2 * (tm*tk + tk*tn) * itemsize + tm*tn * 4`` bytes (the
@@ -35,7 +35,6 @@ SPLIT_GAIN = 0.05
 
 GEMM_OPS = frozenset({"Gemm", "MatMul", "QLinearMatMul", "MatMulInteger"})
 CONV_OPS = frozenset({"Conv", "ConvTranspose", "QLinearConv", "ConvInteger"})
-POOL_OPS = frozenset({"MaxPool", "AveragePool", "LpPool"})
 ACC_BYTES = 4
 
 
@@ -44,7 +43,6 @@ class TilePlan:
     """The tiling decision for one launch (recorded per launch in the compile report)."""
 
     cores: int
-    rows: int
     tile: tuple[tuple[str, int], ...]
     sram_bytes: int
     cycles: int
@@ -52,7 +50,7 @@ class TilePlan:
     engine: str
 
     def as_dict(self) -> dict[str, Any]:
-        return {"cores": self.cores, "rows": self.rows, "tile": dict(self.tile),
+        return {"cores": self.cores, "tile": dict(self.tile),
                 "sram_bytes": self.sram_bytes, "cycles": self.cycles,
                 "cycles_one_core": self.cycles_one_core, "engine": self.engine}
 
@@ -65,28 +63,13 @@ def plan_launch(
     attrs: Mapping[str, Any],
 ) -> TilePlan:
     """Choose the core split and SRAM tiles of one launch (see the module docstring)."""
-    rows = split_rows(op, in_specs, out_specs)
-    costs = {k: op_cost(config, op, in_specs, out_specs, attrs, k)
-             for k in range(1, max(1, min(config.cores, rows)) + 1)}
-    best = min(c.total_cycles for c in costs.values())
-    cores = min(k for k, c in costs.items() if c.total_cycles <= best * (1 + SPLIT_GAIN))
+    costs = [op_cost(config, op, in_specs, out_specs, attrs, k)
+             for k in range(1, config.cores + 1)]
+    best = min(c.total_cycles for c in costs)
+    cores = next(k for k, c in enumerate(costs, 1) if c.total_cycles <= best * (1 + SPLIT_GAIN))
     tile, sram = _tiles(config, op, in_specs, out_specs, attrs, cores)
-    chosen = costs[cores]
-    return TilePlan(cores, rows, tile, sram, chosen.total_cycles, costs[1].total_cycles,
-                    chosen.engine)
-
-
-def split_rows(op: str, in_specs: Sequence[TensorSpec | None],
-               out_specs: Sequence[TensorSpec]) -> int:
-    """How many independent output rows the launch has to split over cores."""
-    if not out_specs:
-        return 1
-    shape = out_specs[0].shape
-    if (op in CONV_OPS or op in POOL_OPS) and len(shape) >= 3:
-        return shape[0] * shape[2]
-    if len(shape) <= 1:
-        return 1
-    return max(1, math.prod(shape[:-1]))
+    chosen = costs[cores - 1]
+    return TilePlan(cores, tile, sram, chosen.total_cycles, costs[0].total_cycles, chosen.engine)
 
 
 def _tiles(
