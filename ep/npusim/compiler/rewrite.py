@@ -133,7 +133,8 @@ def fold_batchnorm(graph: SubGraph) -> int:
         scale, beta, mean, var = (p.astype(np.float64) for p in params)
         s = scale / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
         bias = np.zeros(w.shape[0]) if b is None else b.astype(np.float64)
-        new_w = (w.astype(np.float64) * s.reshape(-1, *([1] * (w.ndim - 1)))).astype(w.dtype)
+        # w * s promotes to float64 element by element: no float64 copy of the weight first.
+        new_w = (w * s.reshape(-1, *([1] * (w.ndim - 1)))).astype(w.dtype)
         new_b = (s * (bias - mean) + beta).astype(w.dtype)
         conv.inputs = [conv.inputs[0], graph.add_const(f"{conv.name}_bn_w", new_w),
                        graph.add_const(f"{conv.name}_bn_b", new_b)]
