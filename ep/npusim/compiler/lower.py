@@ -13,12 +13,11 @@ rather than on tensors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from npu_sim import dtypes
 from npu_sim.dtypes import TensorSpec
 
 from ... import errors
@@ -63,7 +62,6 @@ class Lowered:
     outputs: list[int]
     consts: dict[int, np.ndarray]
     views: int = 0
-    index: dict[str, int] = field(default_factory=dict)
 
 
 def lower(graph: SubGraph) -> Lowered:
@@ -105,8 +103,7 @@ def lower(graph: SubGraph) -> Lowered:
                                         f"domain {node.domain!r}; only the ONNX domain lowers")
         launches.append(Launch(node.op, ins, outs, plain_attrs(node.name, node.attrs), node.name))
     outputs = [tensor(o) for o in graph.outputs]
-    return Lowered(tensors, launches, [index[n] for n in graph.inputs], outputs, consts,
-                   views, index)
+    return Lowered(tensors, launches, [index[n] for n in graph.inputs], outputs, consts, views)
 
 
 def _is_view(graph: SubGraph, node: Any) -> bool:
@@ -141,7 +138,3 @@ def _plain(node: str, key: str, value: Any) -> Any:
         f"a launch takes int, float, str, bytes or tuples of them"
     )
 
-
-def nbytes(t: LoweredTensor) -> int:
-    """Bytes of tensor ``t``."""
-    return int(np.prod(t.shape, dtype=np.int64)) * dtypes.itemsize(t.dtype)

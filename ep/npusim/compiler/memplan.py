@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .lower import Lowered, nbytes
+from .lower import Lowered
 
 
 def align_up(value: int, alignment: int) -> int:
@@ -180,4 +180,4 @@ def liveness(lowered: Lowered) -> list[Buffer]:
 
 def buffer_bytes(lowered: Lowered, buffer: int) -> int:
     """Bytes of the storage ``buffer`` (its root tensor's size)."""
-    return nbytes(lowered.tensors[buffer])
+    return lowered.tensors[buffer].spec.nbytes
