@@ -86,30 +86,17 @@ def build_model(seed: int = SEED) -> onnx.ModelProto:
     return model
 
 
-def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
-    """A node's attributes as plain Python values (tuples, str, numpy for tensors)."""
-    out: dict[str, Any] = {}
-    for a in node.attribute:
-        v = helper.get_attribute_value(a)
-        if isinstance(v, bytes):
-            v = v.decode()
-        elif isinstance(v, onnx.TensorProto):
-            v = numpy_helper.to_array(v)
-        elif isinstance(v, list):
-            v = tuple(x.decode() if isinstance(x, bytes) else x for x in v)
-        out[a.name] = v
-    return out
-
-
 Step = tuple[Callable[..., list[np.ndarray]], list[str], list[str], dict[str, Any]]
 
 
 def plan(model: onnx.ModelProto, fuse: bool) -> tuple[list[Step], dict[str, np.ndarray]]:
     """Kernel calls in topological order, and the parameters; ``fuse`` folds BN and Relu."""
+    from ep.npusim.compiler.ir import attr_value
     from npu_sim.kernels import lookup
 
     params = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    nodes = [(n.op_type, list(n.input), list(n.output), _attrs(n)) for n in model.graph.node]
+    nodes = [(n.op_type, list(n.input), list(n.output),
+              {a.name: attr_value(a) for a in n.attribute}) for n in model.graph.node]
     if fuse:
         nodes = _fuse(nodes, params)
     steps: list[Step] = []
