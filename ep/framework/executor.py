@@ -10,17 +10,16 @@ has run, unless it is a requested output, so peak host memory follows the plan, 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
-
-from npu_sim import dtypes
+import onnx
+from onnx import helper
 
 from ..errors import EPFail, InvalidArgument
 from .graph import GraphView
 from .partitioner import PartitionPlan
 from .provider import CompiledNode
-
-_KNOWN = {dtypes.to_numpy(name) for name in dtypes.DTYPES}
 
 
 class PlanExecutor:
@@ -50,8 +49,8 @@ class PlanExecutor:
         wanted = list(graph.outputs if output_names is None else output_names)
         for name in wanted:
             if name not in graph.outputs:
-                raise InvalidArgument(f"Invalid output name: {name}; outputs are {graph.outputs}")
-        env = self._check_feeds(feeds)
+                raise InvalidArgument(f"Invalid output name:{name}")
+        env = check_feeds(graph, feeds)
         keep = set(wanted)
         for k, part in enumerate(self.plan.partitions):
             if not part.outputs:
@@ -77,36 +76,51 @@ class PlanExecutor:
             raise EPFail(f"tensor {name!r} was needed before any partition produced it")
         return value
 
-    def _check_feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        graph = self.graph
-        unknown = [n for n in feeds if n not in graph.inputs]
-        if unknown:
-            raise InvalidArgument(f"Invalid input name: {unknown[0]}; inputs are {graph.inputs}")
-        missing = [n for n in graph.inputs if n not in feeds]
-        if missing:
-            raise InvalidArgument(f"Missing Input: {missing[0]}")
-        env: dict[str, np.ndarray] = {}
-        for name in graph.inputs:
-            value = np.asarray(feeds[name])
-            dtype, shape = graph.tensor_type(name)
-            actual = dtypes.from_numpy(value.dtype) if value.dtype in _KNOWN else str(value.dtype)
-            if dtype is not None and actual != dtype:
+
+def type_string(elem_type: int) -> str:
+    """ONNX Runtime's type string of an ONNX element type: ``"tensor(float)"``."""
+    try:
+        return f"tensor({onnx.TensorProto.DataType.Name(elem_type).lower()})"
+    except ValueError:
+        return "tensor(undefined)"
+
+
+def check_feeds(graph: GraphView, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Validate ``feeds`` against the graph inputs with onnxruntime's messages."""
+    missing = [n for n in graph.inputs if n not in feeds]
+    if missing:
+        raise InvalidArgument(f"Required inputs ({missing}) are missing from input feed "
+                              f"({list(feeds)}).")
+    out: dict[str, np.ndarray] = {}
+    for name, raw in feeds.items():
+        if name not in graph.inputs:
+            raise InvalidArgument(f"Invalid input name: {name}")
+        value = np.asarray(raw)
+        vi = graph.value_info(name)
+        if vi is None or not vi.type.HasField("tensor_type"):
+            out[name] = value
+            continue
+        tt = vi.type.tensor_type
+        try:
+            actual = helper.np_dtype_to_tensor_dtype(value.dtype)
+        except (KeyError, ValueError, TypeError):
+            actual = onnx.TensorProto.UNDEFINED
+        if actual != tt.elem_type:
+            shown = type_string(actual) if actual else f"numpy {value.dtype}"
+            raise InvalidArgument(f"Unexpected input data type. Actual: ({shown}) , expected: "
+                                  f"({type_string(tt.elem_type)})")
+        if tt.HasField("shape"):
+            dims = list(tt.shape.dim)
+            if len(dims) != value.ndim:
                 raise InvalidArgument(
-                    f"Unexpected input data type for {name!r}. Actual: ({actual}) , "
-                    f"expected: ({dtype})"
-                )
-            if shape is not None and not _fits(value.shape, shape):
+                    f"Invalid rank for input: {name} Got: {value.ndim} Expected: {len(dims)} "
+                    "Please fix either the inputs/outputs or the model.")
+            bad = [f" index: {k} Got: {value.shape[k]} Expected: {d.dim_value}"
+                   for k, d in enumerate(dims)
+                   if d.HasField("dim_value") and d.dim_value != value.shape[k]]
+            if bad:
                 raise InvalidArgument(
-                    f"Got invalid dimensions for input: {name} for the following indices; "
-                    f"got shape {value.shape}, expected {shape}"
-                )
-            env[name] = value
-        return env
-
-
-
-def _fits(actual: tuple[int, ...], declared: tuple[int | str | None, ...]) -> bool:
-    """True if a concrete shape matches a declared one (symbolic/unknown dims match anything)."""
-    if len(actual) != len(declared):
-        return False
-    return all(not isinstance(d, int) or d == a for a, d in zip(actual, declared, strict=True))
+                    f"Got invalid dimensions for input: {name} for the following indices\n"
+                    + "\n".join(bad) + "\n Please fix either the inputs/outputs or the model.")
+        out[name] = value
+    return out

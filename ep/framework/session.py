@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import external_data_helper, helper
+from onnx import external_data_helper
 
 from ..errors import (
     EPFail,
@@ -44,7 +44,7 @@ from ..errors import (
 )
 from ..errors import NotImplemented as OrtNotImplemented
 from .epcontext import ContextWriter, is_ep_context_node, parse_ep_context_node
-from .executor import PlanExecutor
+from .executor import PlanExecutor, type_string
 from .files import atomic_write
 from .graph import GraphView, dims
 from .options import (
@@ -117,13 +117,7 @@ class InferenceSession:
             run_options: Any = None) -> list[np.ndarray]:
         """Compute ``output_names`` (None or empty: every output) from ``input_feed``."""
         started = time.perf_counter()
-        outputs = [o.name for o in self.get_outputs()]
-        wanted = list(output_names) if output_names else outputs
-        for name in wanted:
-            if name not in outputs:
-                raise InvalidArgument(f"Invalid output name:{name}")
-        feeds = check_feeds(self._graph, input_feed)
-        result = self._executor.run(feeds, wanted)
+        result = self._executor.run(input_feed, output_names or None)
         self._profiler.event("model_run", "Session", started)
         return result
 
@@ -272,14 +266,6 @@ class NodeArg:
         return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape})"
 
 
-def type_string(elem_type: int) -> str:
-    """ONNX Runtime's type string of an ONNX element type: ``"tensor(float)"``."""
-    try:
-        return f"tensor({onnx.TensorProto.DataType.Name(elem_type).lower()})"
-    except ValueError:
-        return "tensor(undefined)"
-
-
 def node_arg(graph: GraphView, name: str) -> NodeArg:
     """The :class:`NodeArg` of tensor ``name`` of ``graph``."""
     vi = graph.value_info(name)
@@ -328,47 +314,6 @@ def load_model(path_or_bytes: str | os.PathLike[str] | bytes,
             raise Fail(f"cannot load external initializers from folder {folder!r}: "
                        f"{exc}") from None
     return model, model_path
-
-
-def check_feeds(graph: GraphView, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Validate ``feeds`` against the graph inputs with onnxruntime's messages."""
-    missing = [n for n in graph.inputs if n not in feeds]
-    if missing:
-        raise InvalidArgument(f"Required inputs ({missing}) are missing from input feed "
-                              f"({list(feeds)}).")
-    out: dict[str, np.ndarray] = {}
-    for name, raw in feeds.items():
-        if name not in graph.inputs:
-            raise InvalidArgument(f"Invalid input name: {name}")
-        value = np.asarray(raw)
-        vi = graph.value_info(name)
-        if vi is None or not vi.type.HasField("tensor_type"):
-            out[name] = value
-            continue
-        tt = vi.type.tensor_type
-        try:
-            actual = helper.np_dtype_to_tensor_dtype(value.dtype)
-        except (KeyError, ValueError, TypeError):
-            actual = onnx.TensorProto.UNDEFINED
-        if actual != tt.elem_type:
-            shown = type_string(actual) if actual else f"numpy {value.dtype}"
-            raise InvalidArgument(f"Unexpected input data type. Actual: ({shown}) , expected: "
-                                  f"({type_string(tt.elem_type)})")
-        if tt.HasField("shape"):
-            dims = list(tt.shape.dim)
-            if len(dims) != value.ndim:
-                raise InvalidArgument(
-                    f"Invalid rank for input: {name} Got: {value.ndim} Expected: {len(dims)} "
-                    "Please fix either the inputs/outputs or the model.")
-            bad = [f" index: {k} Got: {value.shape[k]} Expected: {d.dim_value}"
-                   for k, d in enumerate(dims)
-                   if d.HasField("dim_value") and d.dim_value != value.shape[k]]
-            if bad:
-                raise InvalidArgument(
-                    f"Got invalid dimensions for input: {name} for the following indices\n"
-                    + "\n".join(bad) + "\n Please fix either the inputs/outputs or the model.")
-        out[name] = value
-    return out
 
 
 class _TimedNode(CompiledNode):
