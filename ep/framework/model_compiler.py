@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidArgument
-from .epcontext import ContextWriter, is_folder_path, output_exists_error, planned_output_path
+from .context_writer import ContextWriter
+from .epcontext import is_folder_path, output_exists_error, planned_output_path
 from .graph import GraphView
 from .options import (
     EP_CONTEXT_EMBED_MODE,

@@ -11,7 +11,8 @@ ports by changing the import. Creating a session:
    a provider written in Python joins a session); ``CPUExecutionProvider`` is always last;
 3. partitions the graph (:func:`~ep.framework.partitioner.partition`) and compiles every
    partition on its provider; an ``EPContext`` node no provider takes is ``NotImplemented``;
-4. with ``ep.context_enable=1``, writes the EPContext model (:class:`~.epcontext.ContextWriter`).
+4. with ``ep.context_enable=1``, writes the EPContext model
+   (:class:`~.context_writer.ContextWriter`).
 
 After a run, :meth:`InferenceSession.get_run_stats` reports each provider's counters (for the
 NPU: simulated cycles, microseconds, per-engine utilization), and
@@ -43,7 +44,8 @@ from ..errors import (
     NoSuchFile,
 )
 from ..errors import NotImplemented as OrtNotImplemented
-from .epcontext import ContextWriter, is_ep_context_node, parse_ep_context_node
+from .context_writer import ContextWriter
+from .epcontext import is_ep_context_node, parse_ep_context_node
 from .executor import PlanExecutor, type_string
 from .files import atomic_write
 from .graph import GraphView, dims

@@ -1,0 +1,324 @@
+"""Writing EPContext models: the framework's half of EPContext generation.
+
+After the providers compiled their partitions (and made their EPContext nodes, see
+:mod:`ep.framework.epcontext`), :class:`ContextWriter` collects those nodes, builds the model
+from the partition plan (:func:`build_context_model`: each compiled partition replaced by its
+EPContext node, every other node kept) and writes it atomically, initializers embedded or in one
+external file (:func:`save_model`). A failed generation leaves no file behind: the writer
+removes the model it wrote and the context binaries the providers made for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import onnx
+from onnx import helper, numpy_helper
+
+from ..errors import EPFail, Fail, InvalidArgument, InvalidGraph
+from ..errors import NotImplemented as OrtNotImplemented
+from .epcontext import (
+    MS_DOMAIN,
+    context_output_path,
+    is_ep_context_node,
+    is_folder_path,
+    parse_ep_context_node,
+)
+from .files import atomic_write
+from .graph import GraphView
+from .options import (
+    EP_CONTEXT_EMBED_MODE,
+    EP_CONTEXT_EXTERNAL_INITIALIZERS,
+    EP_CONTEXT_FILE_PATH,
+    EP_CONTEXT_NODE_NAME_PREFIX,
+    SHARE_EP_CONTEXTS,
+    STOP_SHARE_EP_CONTEXTS,
+)
+from .partitioner import PartitionPlan
+from .provider import ExecutionProvider, FusedNode
+
+
+def build_context_model(
+    source: onnx.ModelProto, view: GraphView, plan: PartitionPlan,
+    ep_nodes: Mapping[str, onnx.NodeProto],
+) -> onnx.ModelProto:
+    """The EPContext model: ``source`` with each partition named in ``ep_nodes`` replaced by
+    its EPContext node and every other node kept. Graph inputs and outputs keep their names
+    and order; initializers the kept nodes use come along (data loaded, never pointing at the
+    source's external file); opsets are the source's plus ``com.microsoft``."""
+    nodes: list[onnx.NodeProto] = []
+    for part in plan.partitions:
+        ctx = ep_nodes.get(part.name)
+        if ctx is not None:
+            nodes.append(ctx)
+        else:
+            nodes.extend(view.nodes[i] for i in part.nodes)
+    used = {name for node in nodes for name in _reads(node)}
+    initializers = [view.initializers[n] for n in view.initializers if n in used]
+    inputs = [i for i in source.graph.input
+              if i.name not in view.initializers or i.name in used]
+    io = {i.name for i in source.graph.input} | {o.name for o in source.graph.output}
+    produced = [o for node in nodes for o in node.output if o and o not in io]
+    value_info = [vi for vi in (view.value_info(n) for n in produced) if vi is not None]
+    graph = helper.make_graph(nodes, source.graph.name, inputs, list(source.graph.output),
+                              initializer=[_inline(t) for t in initializers],
+                              value_info=value_info, doc_string=source.graph.doc_string)
+    opsets = [o for o in source.opset_import if o.domain != MS_DOMAIN]
+    opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=source.ir_version,
+                              producer_name="npu-sim", doc_string=source.doc_string)
+    for prop in source.metadata_props:
+        model.metadata_props.add().CopyFrom(prop)
+    return model
+
+
+def _reads(node: onnx.NodeProto) -> Iterable[str]:
+    yield from (i for i in node.input if i)
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for sub in graphs:
+            for inner in sub.node:
+                yield from _reads(inner)
+
+
+def _inline(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    """A copy of ``tensor`` holding its data inline (raw bytes), never an external reference."""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        raise EPFail(f"initializer {tensor.name!r} still refers to external data; the source "
+                     "model's external data must be loaded before generating")
+    out = onnx.TensorProto()
+    out.CopyFrom(tensor)
+    return out
+
+
+def external_file_name(config: Mapping[str, str]) -> str | None:
+    """``ep.context_model_external_initializers_file_name``, validated (a relative path that
+    stays beside the model), or None when unset."""
+    name = config.get(EP_CONTEXT_EXTERNAL_INITIALIZERS, "")
+    if not name:
+        return None
+    if os.path.isabs(name) or ".." in Path(name).parts or is_folder_path(name):
+        raise InvalidArgument(f"{EP_CONTEXT_EXTERNAL_INITIALIZERS}={name!r} is invalid; expected "
+                              "a file name relative to the EPContext model's folder")
+    return name
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike[str], *,
+               external_file: str | None = None, size_threshold: int = 0) -> None:
+    """Write ``model`` to ``path`` atomically; with ``external_file``, every initializer of at
+    least ``size_threshold`` bytes goes to that file (relative to ``path``'s folder), written
+    atomically too. If anything fails, neither file is left behind."""
+    target = Path(path)
+    if external_file is None:
+        atomic_write(target, [model.SerializeToString()])
+        return
+    ext_path = target.parent / external_file
+    existed = ext_path.exists()
+    model, blob = externalize(model, external_file, size_threshold)
+    atomic_write(ext_path, [blob])
+    try:
+        atomic_write(target, [model.SerializeToString()])
+    except BaseException:
+        if not existed:
+            with contextlib.suppress(FileNotFoundError):
+                ext_path.unlink()
+        raise
+
+
+def externalize(model: onnx.ModelProto, location: str,
+                size_threshold: int) -> tuple[onnx.ModelProto, bytes]:
+    """A copy of ``model`` whose initializers of ``size_threshold`` bytes or more refer to
+    ``location``, and the bytes of that file (each tensor 64-byte aligned)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    blob = bytearray()
+    for tensor in out.graph.initializer:
+        if tensor.data_type == onnx.TensorProto.STRING:
+            continue  # string tensors cannot live in external data
+        raw = tensor.raw_data if tensor.HasField("raw_data") else \
+            numpy_helper.from_array(numpy_helper.to_array(tensor)).raw_data
+        if len(raw) < size_threshold:
+            continue
+        offset = (len(blob) + 63) // 64 * 64
+        blob.extend(bytes(offset - len(blob)))
+        blob.extend(raw)
+        dims = list(tensor.dims)
+        name, dtype = tensor.name, tensor.data_type
+        tensor.Clear()
+        tensor.name, tensor.data_type = name, dtype
+        tensor.dims.extend(dims)
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", location), ("offset", str(offset)),
+                           ("length", str(len(raw)))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+    return out, bytes(blob)
+
+
+class ContextWriter:
+    """The framework's half of EPContext generation, for one session or compile.
+
+    Built before partitioning (so path errors come first, as in ONNX Runtime), it hands the
+    providers a config whose ``ep.context_file_path`` is the resolved output path, prefixes the
+    fused node names with ``ep.context_node_name_prefix``, collects the providers' EPContext
+    nodes after compiling and writes the model. If writing fails, context binaries the providers
+    created for it are removed, so a failed generation leaves no file behind.
+    """
+
+    def __init__(self, config: Mapping[str, str], model_path: str | None, *,
+                 output_path: str | os.PathLike[str] | None = None,
+                 external_file: str | None = None,
+                 size_threshold: int = 0, binary_folder: Path | None = None) -> None:
+        self.sharing = config.get(SHARE_EP_CONTEXTS, "0") == "1"
+        if output_path is not None:  # ModelCompiler: one model per compile, as in ORT
+            for key in (SHARE_EP_CONTEXTS, STOP_SHARE_EP_CONTEXTS):
+                if config.get(key, "0") == "1":
+                    raise OrtNotImplemented(
+                        f"{key}=1 is not supported by ModelCompiler; create one InferenceSession "
+                        "per model with ep.context_enable=1 and ep.share_ep_contexts=1 (the last "
+                        "one with ep.stop_share_ep_contexts=1) to share weights.")
+        self.config = dict(config)
+        self.output_path = context_output_path(config, model_path) if output_path is None \
+            else Path(output_path)
+        self.external_file = external_file if external_file is not None \
+            else external_file_name(config)
+        self.size_threshold = size_threshold
+        self.prefix = config.get(EP_CONTEXT_NODE_NAME_PREFIX, "")
+        folder = self.output_path.parent
+        if not folder.is_dir():
+            raise InvalidArgument(f"cannot write the EPContext model {str(self.output_path)!r}: "
+                                  f"folder {str(folder)!r} does not exist")
+        self.binary_folder = binary_folder or folder
+        self._existing = set(os.listdir(self.binary_folder))
+        self._existing_outputs = {p for p in self._outputs() if p.exists()}
+
+    def provider_config(self) -> dict[str, str]:
+        """The session config the providers see: output path resolved, embed mode explicit."""
+        config = dict(self.config)
+        config[EP_CONTEXT_FILE_PATH] = str(self.output_path)
+        config.setdefault(EP_CONTEXT_EMBED_MODE, "0")
+        return config
+
+    def check_providers(self, providers: Sequence[ExecutionProvider]) -> None:
+        """With ``ep.share_ep_contexts=1``, every provider that compiles must implement it
+        (``shares_ep_contexts``); otherwise ``NotImplemented`` before anything is compiled."""
+        if not self.sharing:
+            return
+        lacking = [p.type for p in providers
+                   if p.type != "CPUExecutionProvider" and not p.shares_ep_contexts]
+        if lacking:
+            raise OrtNotImplemented(
+                f"{SHARE_EP_CONTEXTS}=1 is not supported by {lacking}: they would write their "
+                "own EPContext binary per session instead of one for the session group. Set "
+                f"{SHARE_EP_CONTEXTS}=0 (or leave it unset), or use providers that support it.")
+
+    def check_source(self, graph: GraphView) -> None:
+        """Generating from a model that already has EPContext nodes is ``InvalidGraph``."""
+        found = [graph.names[i] for i, n in enumerate(graph.nodes) if is_ep_context_node(n)]
+        if found:
+            raise InvalidGraph(f"the model already contains EPContext nodes {found[:5]}; it is "
+                               "compiled already. Generate from the source model instead.")
+
+    def name_fused(self, fused: Sequence[FusedNode]) -> None:
+        """Apply ``ep.context_node_name_prefix`` to fused node (and subgraph) names."""
+        for node in fused:
+            node.name = f"{self.prefix}{node.name}"
+            node.graph.name = node.name
+
+    def collect(self, plan: PartitionPlan,
+                providers: Sequence[ExecutionProvider]) -> dict[str, onnx.NodeProto]:
+        """Partition name -> the EPContext node its provider made for it."""
+        by_fused = {f"{self.prefix}{p.name}": p for p in plan.partitions}
+        ep_nodes: dict[str, onnx.NodeProto] = {}
+        for provider in providers:
+            nodes = provider.get_ep_context_nodes()
+            own = [n for n, p in by_fused.items() if p.provider == provider.type]
+            for node in nodes:
+                part = by_fused.get(node.name)
+                if not is_ep_context_node(node) or part is None \
+                        or part.provider != provider.type:
+                    raise EPFail(
+                        f"{provider.type}.get_ep_context_nodes returned {node.op_type} node "
+                        f"{node.name!r}; expected com.microsoft EPContext nodes named after its "
+                        f"fused nodes {own}")
+                if list(node.input) != part.inputs or list(node.output) != part.outputs:
+                    raise EPFail(
+                        f"EPContext node {node.name!r} has inputs {list(node.input)} and outputs "
+                        f"{list(node.output)}; its fused node has {part.inputs} and {part.outputs}")
+                ep_nodes[part.name] = node
+            missing = [p.name for p in plan.by_provider(provider.type) if p.name not in ep_nodes]
+            if nodes and missing:
+                raise EPFail(f"{provider.type} returned no EPContext node for partitions "
+                             f"{missing}")
+        return ep_nodes
+
+    def build(self, source: onnx.ModelProto, view: GraphView, plan: PartitionPlan,
+              providers: Sequence[ExecutionProvider]) -> tuple[onnx.ModelProto, int]:
+        """The EPContext model and how many EPContext nodes it has."""
+        ep_nodes = self.collect(plan, providers)
+        return build_context_model(source, view, plan, ep_nodes), len(ep_nodes)
+
+    def write(self, source: onnx.ModelProto, view: GraphView, plan: PartitionPlan,
+              providers: Sequence[ExecutionProvider], *, always: bool = False,
+              require_nodes: bool = False) -> bool:
+        """Write the EPContext model; nothing (and no error) when no provider made EPContext
+        nodes unless ``always``; ``Fail`` then if ``require_nodes`` (ModelCompiler's
+        ``ERROR_IF_NO_NODES_COMPILED``). Returns whether a file was written."""
+        written = False
+        try:
+            model, count = self.build(source, view, plan, providers)
+            if count == 0 and require_nodes:
+                raise Fail("Unable to compile any nodes. Check that the session EPs support "
+                           "compilation and can execute at least one subgraph in the model.")
+            if count or always:
+                save_model(model, self.output_path, external_file=self.external_file,
+                           size_threshold=self.size_threshold)
+                written = True
+            for provider in providers:
+                provider.end_ep_context_generation(committed=True)
+            return written
+        except BaseException:
+            if written:
+                self._remove_written()
+            self.cleanup(providers)
+            raise
+
+    def _outputs(self) -> list[Path]:
+        paths = [self.output_path]
+        if self.external_file is not None:
+            paths.append(self.output_path.parent / self.external_file)
+        return paths
+
+    def _remove_written(self) -> None:
+        """Remove the model (and external initializers file) this writer created."""
+        for path in self._outputs():
+            if path not in self._existing_outputs:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+
+    def cleanup(self, providers: Sequence[ExecutionProvider]) -> None:
+        """After a failure: tell the providers (``end_ep_context_generation(False)``) and
+        delete the context binaries their EPContext nodes reference that did not exist before
+        this generation began."""
+        for provider in providers:
+            with contextlib.suppress(Exception):
+                provider.end_ep_context_generation(committed=False)
+            with contextlib.suppress(Exception):
+                for node in provider.get_ep_context_nodes():
+                    self._remove_new(node)
+
+    def _remove_new(self, node: onnx.NodeProto) -> None:
+        if not is_ep_context_node(node):
+            return
+        info = parse_ep_context_node(node)
+        if info.embed_mode != 0 or not info.ep_cache_context:
+            return
+        rel = Path(info.ep_cache_context.decode("utf-8", errors="replace"))
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+            return
+        if rel.parts[0] not in self._existing:
+            with contextlib.suppress(OSError):
+                (self.binary_folder / rel).unlink()
