@@ -122,9 +122,12 @@ def _ranges_overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
 
 
 def _check_io(program: Program, nbytes: list[int | None], problems: list[str]) -> None:
+    """Inputs are written by DMA, so no two may share memory. Outputs are only read back, so
+    they may alias each other, an input or a weight, as ONNX graphs do (``Identity`` of an
+    initializer, a tensor that is an output and also reshaped into another output)."""
     ntensors = len(program.tensors)
     for role, indices in (("input", program.inputs), ("output", program.outputs)):
-        if len(set(indices)) != len(indices):
+        if role == "input" and len(set(indices)) != len(indices):
             problems.append(f"{role}s {list(indices)} name a tensor twice")
         spans: list[tuple[int, int, int]] = []
         for k, idx in enumerate(indices):
@@ -140,6 +143,8 @@ def _check_io(program: Program, nbytes: list[int | None], problems: list[str]) -
             if t.offset % DMA_ALIGNMENT:
                 problems.append(f"{role} {k} {t.name!r}: offset {t.offset} is not a multiple of "
                                 f"the DMA alignment {DMA_ALIGNMENT}")
+            if role == "output":
+                continue
             for other, start, end in spans:
                 if t.region == program.tensors[other].region and \
                         _ranges_overlap((t.offset, t.offset + n), (start, end)) and other != idx:

@@ -254,3 +254,16 @@ def test_out_of_memory_during_load_frees_what_was_allocated():
     assert info.value.nbytes == 1_200_128
     assert info.value.largest_free_block <= info.value.free_bytes < info.value.nbytes
     assert dev.hbm.stats()["hbm.bytes_in_use"] == 0
+
+
+def test_outputs_may_alias_each_other_an_input_and_a_weight(dev):
+    """Outputs are only read back, so ONNX's aliases load: the same tensor twice (an output also
+    reshaped into another output), an output over an input, a weight (Identity of an
+    initializer). Inputs stay exclusive (see the malformed cases)."""
+    aliased = dataclasses.replace(GOOD, outputs=(4, 4, 0, 1))
+    x = np.random.default_rng(1).standard_normal(SHAPE).astype(np.float32)
+    out, again, x_back, w_back = Firmware(dev).load(aliased).run([x])
+    np.testing.assert_array_equal(out, reference(x))
+    np.testing.assert_array_equal(again, out)
+    np.testing.assert_array_equal(x_back, x)
+    np.testing.assert_array_equal(w_back, W)
