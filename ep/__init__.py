@@ -5,6 +5,7 @@ The public face mirrors ``onnxruntime``: :class:`InferenceSession`, :class:`Sess
 status codes, so code written for onnxruntime ports by changing the import.
 """
 
+from . import npusim  # noqa: F401 - registers NpuSimExecutionProvider
 from .errors import (
     EngineError,
     EPFail,

@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..errors import EPFail, Fail, InvalidArgument, InvalidGraph
+from ..errors import EPFail, Fail, InvalidArgument
 from ..errors import NotImplemented as OrtNotImplemented
 from .epcontext import (
     MS_DOMAIN,
+    context_model_name,
     context_output_path,
     is_ep_context_node,
     is_folder_path,
@@ -35,7 +38,6 @@ from .options import (
     EP_CONTEXT_FILE_PATH,
     EP_CONTEXT_NODE_NAME_PREFIX,
     SHARE_EP_CONTEXTS,
-    STOP_SHARE_EP_CONTEXTS,
 )
 from .partitioner import PartitionPlan
 from .provider import ExecutionProvider, FusedNode
@@ -92,6 +94,44 @@ def _inline(tensor: onnx.TensorProto) -> onnx.TensorProto:
     out = onnx.TensorProto()
     out.CopyFrom(tensor)
     return out
+
+
+InitializerLocator = Callable[[str, np.ndarray, Any], Any]
+"""``ModelCompiler``'s ``get_initializer_location_func``: called with each initializer's name,
+value and current external-data info (None); returns None to keep it in the model, or an
+object with ``filepath``, ``file_offset`` and ``byte_size`` (onnxruntime's
+``OrtExternalInitializerInfo``) saying where the function wrote its bytes."""
+
+
+def locate_initializers(model: onnx.ModelProto, locate: InitializerLocator) -> None:
+    """Point every initializer ``locate`` places outside the model at its file, in place."""
+    for tensor in model.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            continue
+        value = numpy_helper.to_array(tensor)
+        try:
+            info = locate(tensor.name, value, None)
+        except Exception as exc:
+            raise Fail(f"get_initializer_location_func failed for initializer "
+                       f"{tensor.name!r}: {type(exc).__name__}: {exc}") from None
+        if info is None:
+            continue
+        where = getattr(info, "filepath", None)
+        offset, size = getattr(info, "file_offset", None), getattr(info, "byte_size", None)
+        if not isinstance(where, str) or not where or "\0" in where or \
+                not isinstance(offset, int) or offset < 0 or size != value.nbytes:
+            raise InvalidArgument(
+                f"get_initializer_location_func returned filepath={where!r}, file_offset="
+                f"{offset!r}, byte_size={size!r} for initializer {tensor.name!r}; expected a "
+                f"non-empty path, an offset >= 0 and byte_size={value.nbytes}")
+        name, dtype, shape = tensor.name, tensor.data_type, list(tensor.dims)
+        tensor.Clear()
+        tensor.name, tensor.data_type = name, dtype
+        tensor.dims.extend(shape)
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        for key, text in (("location", where), ("offset", str(offset)), ("length", str(size))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, text
 
 
 def external_file_name(config: Mapping[str, str]) -> str | None:
@@ -171,22 +211,24 @@ class ContextWriter:
     def __init__(self, config: Mapping[str, str], model_path: str | None, *,
                  output_path: str | os.PathLike[str] | None = None,
                  external_file: str | None = None,
-                 size_threshold: int = 0, binary_folder: Path | None = None) -> None:
+                 size_threshold: int = 0, binary_folder: Path | None = None,
+                 locate: InitializerLocator | None = None) -> None:
         self.sharing = config.get(SHARE_EP_CONTEXTS, "0") == "1"
-        if output_path is not None:  # ModelCompiler: one model per compile, as in ORT
-            for key in (SHARE_EP_CONTEXTS, STOP_SHARE_EP_CONTEXTS):
-                if config.get(key, "0") == "1":
-                    raise OrtNotImplemented(
-                        f"{key}=1 is not supported by ModelCompiler; create one InferenceSession "
-                        "per model with ep.context_enable=1 and ep.share_ep_contexts=1 (the last "
-                        "one with ep.stop_share_ep_contexts=1) to share weights.")
         self.config = dict(config)
+        self.locate = locate
+        self.binary_anchor: Path | None = None
+        """Where providers put their binaries when the model itself is not written to a file
+        (``ModelCompiler.compile_to_bytes``): a ``_ctx.onnx`` path whose folder and name they
+        use; None means beside :attr:`output_path`."""
         self.output_path = context_output_path(config, model_path) if output_path is None \
             else Path(output_path)
         self.external_file = external_file if external_file is not None \
             else external_file_name(config)
         self.size_threshold = size_threshold
-        self.prefix = config.get(EP_CONTEXT_NODE_NAME_PREFIX, "")
+        # Node and graph names must be unique across a sharing group's models, as ONNX
+        # Runtime's EPs make them: without a prefix, the model's name is the prefix.
+        self.prefix = config.get(EP_CONTEXT_NODE_NAME_PREFIX, "") or (
+            f"{context_model_name(self.output_path)}_" if self.sharing else "")
         folder = self.output_path.parent
         if not folder.is_dir():
             raise InvalidArgument(f"cannot write the EPContext model {str(self.output_path)!r}: "
@@ -198,7 +240,7 @@ class ContextWriter:
     def provider_config(self) -> dict[str, str]:
         """The session config the providers see: output path resolved, embed mode explicit."""
         config = dict(self.config)
-        config[EP_CONTEXT_FILE_PATH] = str(self.output_path)
+        config[EP_CONTEXT_FILE_PATH] = str(self.binary_anchor or self.output_path)
         config.setdefault(EP_CONTEXT_EMBED_MODE, "0")
         return config
 
@@ -214,13 +256,6 @@ class ContextWriter:
                 f"{SHARE_EP_CONTEXTS}=1 is not supported by {lacking}: they would write their "
                 "own EPContext binary per session instead of one for the session group. Set "
                 f"{SHARE_EP_CONTEXTS}=0 (or leave it unset), or use providers that support it.")
-
-    def check_source(self, graph: GraphView) -> None:
-        """Generating from a model that already has EPContext nodes is ``InvalidGraph``."""
-        found = [graph.names[i] for i, n in enumerate(graph.nodes) if is_ep_context_node(n)]
-        if found:
-            raise InvalidGraph(f"the model already contains EPContext nodes {found[:5]}; it is "
-                               "compiled already. Generate from the source model instead.")
 
     def name_fused(self, fused: Sequence[FusedNode]) -> None:
         """Apply ``ep.context_node_name_prefix`` to fused node (and subgraph) names."""
@@ -274,6 +309,8 @@ class ContextWriter:
                 raise Fail("Unable to compile any nodes. Check that the session EPs support "
                            "compilation and can execute at least one subgraph in the model.")
             if count or always:
+                if self.locate is not None:
+                    locate_initializers(model, self.locate)
                 save_model(model, self.output_path, external_file=self.external_file,
                            size_threshold=self.size_threshold)
                 written = True

@@ -20,6 +20,7 @@ from ..errors import EPFail, InvalidArgument
 from .graph import GraphView
 from .options import INTRA_OP_THREADS
 from .provider import CompiledNode, ComputeCapability, ExecutionProvider, FusedNode
+from .registry import register_provider
 
 THREADS_OPTION = "intra_op_num_threads"
 _MIN_IR_VERSION = 7  # initializers need not be graph inputs from IR 4; 7 is ORT's floor here
@@ -105,3 +106,6 @@ class CPUExecutionProvider(ExecutionProvider):
                 )
             return threads
         return None
+
+
+register_provider(CPUExecutionProvider.type, CPUExecutionProvider, priority=0)

@@ -213,10 +213,15 @@ def generation_settings(context: ProviderContext) -> GenerationSettings:
     if embed not in ("0", "1"):
         raise InvalidArgument(f"{EP_CONTEXT_EMBED_MODE}={embed!r} is invalid; expected 0 or 1")
     path = Path(output)
-    name = path.name[:-9] if path.name.endswith("_ctx.onnx") else path.stem
     return GenerationSettings(output_path=path, embed_mode=int(embed),
                               node_name_prefix=config.get(EP_CONTEXT_NODE_NAME_PREFIX, ""),
-                              model_name=name)
+                              model_name=context_model_name(path))
+
+
+def context_model_name(output_path: Path) -> str:
+    """The model name of an EPContext model path: ``m_ctx.onnx`` -> ``m`` (else the stem)."""
+    name = output_path.name
+    return name[:-9] if name.endswith("_ctx.onnx") else output_path.stem
 
 
 def context_folder(context: ProviderContext) -> Path:

@@ -2,13 +2,18 @@
 
 Mirrors ``onnxruntime.ModelCompiler``: the providers come from the session options
 (:meth:`~ep.framework.options.SessionOptions.add_provider`), the input model from a path or
-bytes, and :meth:`ModelCompiler.compile_to_file` / :meth:`ModelCompiler.compile_to_bytes` run the
-same partition-compile-write path as a session created with ``ep.context_enable=1``, without
-keeping anything to run. Differences from a session, as in ONNX Runtime: the output is written
-even when nothing was compiled (unless ``ERROR_IF_NO_NODES_COMPILED``), and an existing output
-file is replaced (unless ``ERROR_IF_OUTPUT_FILE_EXISTS``). Initializers of the nodes left to the
-CPU go to ``external_initializers_file_path`` when they are at least
-``external_initializers_size_threshold`` bytes.
+bytes, and :meth:`ModelCompiler.compile_to_file`, :meth:`~ModelCompiler.compile_to_bytes` and
+:meth:`~ModelCompiler.compile_to_stream` run the same construction pipeline as a session created
+with ``ep.context_enable=1`` (:mod:`.pipeline`), without keeping anything to run.
+
+Differences from a session, as in ONNX Runtime: the graph optimization level is the
+constructor's (default ``ORT_DISABLE_ALL``), the output is written even when nothing was
+compiled (unless ``ERROR_IF_NO_NODES_COMPILED``), an existing output file is replaced (unless
+``ERROR_IF_OUTPUT_FILE_EXISTS``), and an already-compiled input is ``InvalidGraph``.
+Initializers of the nodes left to the CPU go to ``external_initializers_file_path`` when they
+are at least ``external_initializers_size_threshold`` bytes, or wherever
+``get_initializer_location_func`` puts them. Argument errors are the Python exceptions
+onnxruntime raises (``ValueError``, ``TypeError``) with its messages.
 """
 
 from __future__ import annotations
@@ -16,22 +21,31 @@ from __future__ import annotations
 import enum
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidArgument
-from .context_writer import ContextWriter
+import onnx
+
+from ..errors import Fail, InvalidArgument, InvalidGraph
+from .context_writer import ContextWriter, InitializerLocator
 from .epcontext import is_folder_path, output_exists_error, planned_output_path
 from .graph import GraphView
 from .options import (
     EP_CONTEXT_EMBED_MODE,
     EP_CONTEXT_ENABLE,
     EP_CONTEXT_FILE_PATH,
+    GraphOptimizationLevel,
     SessionOptions,
-    make_providers,
 )
-from .partitioner import partition
-from .session import check_ep_context_taken, compile_plan, load_model
+from .partitioner import PartitionPlan
+from .pipeline import construct
+from .provider import ExecutionProvider
+from .registry import normalize_provider_args
+
+ALREADY_COMPILED = ("Encountered an invalid node while compiling a model. Please ensure the "
+                    "input model is not already compiled.")
+"""onnxruntime's message for compiling a model that has EPContext nodes."""
 
 
 class OrtCompileApiFlags(enum.IntFlag):
@@ -53,90 +67,154 @@ class ModelCompiler:
         external_initializers_file_path: str | os.PathLike[str] | None = None,
         external_initializers_size_threshold: int = 1024,
         flags: int = OrtCompileApiFlags.NONE,
-        graph_optimization_level: Any = None,
-        get_initializer_location_func: Any = None,
+        graph_optimization_level: int = GraphOptimizationLevel.ORT_DISABLE_ALL,
+        get_initializer_location_func: InitializerLocator | None = None,
     ) -> None:
         if isinstance(input_model_path_or_bytes, (str, os.PathLike)):
             if not os.fspath(input_model_path_or_bytes):
-                raise InvalidArgument("Input model path is empty")
-        elif isinstance(input_model_path_or_bytes, (bytes, bytearray)):
+                raise ValueError("Input model path is empty")
+        elif isinstance(input_model_path_or_bytes, bytes):
             if not input_model_path_or_bytes:
-                raise InvalidArgument("Input model bytes array is empty")
+                raise ValueError("Input model bytes array is empty")
         else:
-            raise InvalidArgument(
-                f"Unable to load from type '{type(input_model_path_or_bytes)}'")
+            raise TypeError(f"Unable to load from type '{type(input_model_path_or_bytes)}'")
+        if external_initializers_file_path:
+            if not isinstance(external_initializers_file_path, (str, os.PathLike)):
+                raise TypeError("Output external initializer filepath is of unexpected type "
+                                f"'{type(external_initializers_file_path)}'")
+            external: str | None = os.fspath(external_initializers_file_path)
+        else:
+            external = None
         if get_initializer_location_func is not None:
-            raise InvalidArgument("get_initializer_location_func is not supported; use "
-                                  "external_initializers_file_path")
-        if not isinstance(flags, int) or flags < 0 or flags & ~int(
-                OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED
-                | OrtCompileApiFlags.ERROR_IF_OUTPUT_FILE_EXISTS):
+            if external:
+                raise ValueError("Cannot initialize ModelCompiler with both "
+                                 "`external_initializers_file_path` and "
+                                 "`get_initializer_location_func`")
+            if not callable(get_initializer_location_func):
+                raise TypeError("get_initializer_location_func must be callable, got "
+                                f"{type(get_initializer_location_func).__name__}")
+        if not isinstance(sess_options, SessionOptions):
+            raise TypeError(f"sess_options must be an ep.SessionOptions, got "
+                            f"{type(sess_options).__name__}")
+        for name, value in (("flags", flags),
+                            ("external_initializers_size_threshold",
+                             external_initializers_size_threshold),
+                            ("graph_optimization_level", graph_optimization_level)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise TypeError(f"__init__(): incompatible constructor arguments: {name}="
+                                f"{value!r}; expected a non-negative integer")
+        valid = OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED | \
+            OrtCompileApiFlags.ERROR_IF_OUTPUT_FILE_EXISTS
+        if flags & ~int(valid):
             raise InvalidArgument(f"flags={flags!r} is invalid; expected a bitwise OR of "
                                   f"{[f.name for f in OrtCompileApiFlags]}")
-        if not isinstance(external_initializers_size_threshold, int) or \
-                external_initializers_size_threshold < 0:
-            raise InvalidArgument(f"external_initializers_size_threshold="
-                                  f"{external_initializers_size_threshold!r} is invalid; "
-                                  "expected an integer >= 0")
+        if graph_optimization_level not in set(GraphOptimizationLevel):
+            levels = [int(g) for g in GraphOptimizationLevel]
+            raise InvalidArgument(f"graph_optimization_level={graph_optimization_level!r} is "
+                                  f"invalid; expected one of {levels}")
         self._options = sess_options
         self._input = input_model_path_or_bytes
         self._embed = bool(embed_compiled_data_into_model)
-        ext = os.fspath(external_initializers_file_path) if external_initializers_file_path \
-            else None
-        self._external = ext
+        self._external = external
         self._threshold = external_initializers_size_threshold
         self._flags = OrtCompileApiFlags(flags)
+        self._level = int(graph_optimization_level)
+        self._locate = get_initializer_location_func
+        self._binary_anchor: Path | None = None
 
-    def compile_to_file(self, output_model_path: str | os.PathLike[str]) -> None:
-        """Compile and write the EPContext model to ``output_model_path`` (atomically)."""
-        path = os.fspath(output_model_path)
-        if not path or is_folder_path(path):
+    def set_ep_context_binary_information(self, output_directory: str | os.PathLike[str],
+                                          model_name: str) -> None:
+        """Where providers put their context binaries (``<model_name>_npusim.bin`` in
+        ``output_directory``) when the compiled model itself goes to bytes or a stream."""
+        folder = os.fspath(output_directory) if isinstance(output_directory,
+                                                           (str, os.PathLike)) else ""
+        if not folder or not isinstance(model_name, str) or not model_name:
+            raise InvalidArgument("output_dir or model_name is empty.")
+        path = Path(folder)
+        if not (folder.endswith(("/", os.sep)) or path.is_dir()):
+            if not path.suffix:
+                raise InvalidArgument(f"output_directory {folder!r} is not a directory: give a "
+                                      "folder (with a trailing separator) or a file path in it")
+            path = path.parent
+        if not path.is_dir():
+            raise InvalidArgument(f"output_directory {str(path)!r} does not exist")
+        self._binary_anchor = path / f"{model_name}_ctx.onnx"
+
+    def compile_to_file(self, output_model_path: str | os.PathLike[str] | None = None) -> None:
+        """Compile and write the EPContext model to ``output_model_path`` (atomically); by
+        default beside the input model, ``.onnx`` replaced by ``_ctx.onnx``."""
+        if output_model_path is None or output_model_path == "":
+            path = str(planned_output_path({}, self._input_path()))
+        elif isinstance(output_model_path, (str, os.PathLike)):
+            path = os.fspath(output_model_path)
+        else:
+            raise TypeError(f"Output model's filepath is of unexpected type "
+                            f"'{type(output_model_path)}'")
+        if is_folder_path(path):
             raise InvalidArgument("context_file_path should not point to a folder.")
         if self._flags & OrtCompileApiFlags.ERROR_IF_OUTPUT_FILE_EXISTS and Path(path).exists():
             raise output_exists_error(path)
         self._compile(Path(path))
 
     def compile_to_bytes(self) -> bytes:
-        """Compile and return the EPContext model's bytes (initializers embedded). With
+        """Compile and return the EPContext model's bytes. With
         ``embed_compiled_data_into_model=False`` the context binary is written beside the input
-        model (or beside ``ep.context_file_path`` for a model given as bytes)."""
-        if self._external:
-            raise InvalidArgument("external_initializers_file_path cannot be used with "
-                                  "compile_to_bytes; compile_to_file instead")
-        if self._embed:  # nothing goes beside the model: compile into a scratch folder
-            with tempfile.TemporaryDirectory() as tmp:
+        model (or where :meth:`set_ep_context_binary_information` says)."""
+        if self._embed and self._external is None and self._locate is None:
+            with tempfile.TemporaryDirectory() as tmp:  # nothing goes beside the model
                 out = Path(tmp) / "model_ctx.onnx"
                 self._compile(out)
                 return out.read_bytes()
-        model_path = os.fspath(self._input) if isinstance(self._input, (str, os.PathLike)) \
-            else None
-        anchor = planned_output_path(self._options.config_entries(), model_path)
-        with tempfile.TemporaryDirectory(dir=anchor.parent) as tmp:
+        anchor = self._binary_anchor or planned_output_path(self._options.config_entries(),
+                                                            self._input_path())
+        with tempfile.TemporaryDirectory(dir=anchor.parent, prefix=".npusim-") as tmp:
             out = Path(tmp) / anchor.name
             self._compile(out, binary_anchor=anchor)
             return out.read_bytes()
 
+    def compile_to_stream(self, write_function: Callable[[bytes], Any]) -> None:
+        """Compile and hand the EPContext model's bytes to ``write_function``; an exception it
+        raises becomes ``Fail`` carrying its message, as in onnxruntime."""
+        if not callable(write_function):
+            raise TypeError("compile_to_stream(): incompatible function arguments: "
+                            f"write_function must be callable, got {type(write_function).__name__}")
+        data = self.compile_to_bytes()
+        try:
+            write_function(data)
+        except Exception as exc:
+            raise Fail(f"{type(exc).__name__}: {exc}") from None
+
+    def _input_path(self) -> str | None:
+        return os.fspath(self._input) if isinstance(self._input, (str, os.PathLike)) else None
+
     def _compile(self, output: Path, binary_anchor: Path | None = None) -> None:
+        model_path = self._input_path()
+        if model_path is not None and not os.path.isfile(model_path):
+            raise InvalidArgument(f'Input model path does not exist: "{model_path}"')
         config = self._options.config_entries()
         config[EP_CONTEXT_ENABLE] = "1"
         config[EP_CONTEXT_EMBED_MODE] = "1" if self._embed else "0"
-        model, model_path = load_model(self._input, config)
-        writer = ContextWriter(config, model_path, output_path=output,
-                               external_file=self._external, size_threshold=self._threshold,
-                               binary_folder=binary_anchor.parent if binary_anchor else None)
-        provider_config = writer.provider_config()
-        if binary_anchor is not None:
-            provider_config[EP_CONTEXT_FILE_PATH] = str(binary_anchor)
-        providers = make_providers([*self._options.providers], None, provider_config,
-                                   model_path)
-        graph = GraphView.from_model(model)
-        writer.check_source(graph)
-        plan = partition(graph, providers)
-        check_ep_context_taken(graph, plan, providers)
+
+        def make_writer(path: str | None) -> ContextWriter:
+            writer = ContextWriter(config, path, output_path=output,
+                                   external_file=self._external, size_threshold=self._threshold,
+                                   binary_folder=binary_anchor.parent if binary_anchor else None,
+                                   locate=self._locate)
+            if binary_anchor is not None:
+                writer.binary_anchor = binary_anchor
+            return writer
+
+        def write(writer: ContextWriter, model: onnx.ModelProto, graph: GraphView,
+                  plan: PartitionPlan, providers: list[ExecutionProvider]) -> None:
+            writer.write(model, graph, plan, providers, always=True, require_nodes=bool(
+                self._flags & OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED))
+
         try:
-            compile_plan(plan, providers, writer)
-        except BaseException:
-            writer.cleanup(providers)
-            raise
-        writer.write(model, graph, plan, providers, always=True, require_nodes=bool(
-            self._flags & OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED))
+            construct(self._input, config,
+                      normalize_provider_args(self._options.providers, None),
+                      optimization_level=self._level,
+                      free_dims=self._options.free_dimension_overrides,
+                      make_writer=make_writer, require_compiled=False, write=write,
+                      already_compiled=InvalidGraph(ALREADY_COMPILED))
+        finally:
+            config.pop(EP_CONTEXT_FILE_PATH, None)

@@ -10,11 +10,13 @@ changing the import. The config keys this package reads are named as constants b
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from ..errors import InvalidArgument, RuntimeException
-from .provider import ExecutionProvider, ProviderContext
+from .registry import is_registered, unknown_provider
 
 # EPContext generation and loading (shared/reference/ort-ep-context-design.md).
 EP_CONTEXT_ENABLE = "ep.context_enable"
@@ -33,8 +35,11 @@ _BOOLEAN_KEYS = (EP_CONTEXT_ENABLE, SHARE_EP_CONTEXTS, STOP_SHARE_EP_CONTEXTS,
 
 
 class GraphOptimizationLevel(enum.IntEnum):
-    """ONNX Runtime's optimization levels; accepted for compatibility (the EP compiler runs its
-    own rewrites whatever the level)."""
+    """ONNX Runtime's optimization levels. As in ONNX Runtime, the basic level's rewrites
+    (constant folding, redundant-node elimination, shape simplification) run on the whole graph
+    before partitioning whenever the level is ``ORT_ENABLE_BASIC`` or higher; higher levels'
+    rewrites are each provider's own (the NPU compiler fuses, onnxruntime optimizes the CPU
+    partitions)."""
 
     ORT_DISABLE_ALL = 0
     ORT_ENABLE_BASIC = 1
@@ -70,6 +75,7 @@ class SessionOptions:
         self.log_severity_level = 2
         self._config: dict[str, str] = {}
         self._providers: list[tuple[str, dict[str, str]]] = []
+        self._free_dims: dict[str, int] = {}
 
     def add_session_config_entry(self, key: str, value: str) -> None:
         """Set config entry ``key`` to ``value`` (both strings), replacing an earlier value.
@@ -113,87 +119,45 @@ class SessionOptions:
         return entries
 
     def add_provider(self, provider_type: str, provider_options: Mapping[str, Any]) -> None:
-        """Append a provider and its options (what ``ModelCompiler`` compiles for), like
-        ``onnxruntime.SessionOptions.add_provider``."""
-        if not isinstance(provider_type, str) or not provider_type:
-            raise InvalidArgument(f"provider name must be a non-empty string, got "
-                                  f"{provider_type!r}")
+        """Append a provider and its options, like ``onnxruntime.SessionOptions.add_provider``:
+        an ``InferenceSession`` created with these options and ``providers=None`` uses them, and
+        so does ``ModelCompiler``. An unknown name fails here, with onnxruntime's message."""
+        if not is_registered(provider_type):
+            raise unknown_provider(provider_type)
+        if not isinstance(provider_options, Mapping):
+            raise TypeError(f"add_provider(): provider_options must be a dict, got "
+                            f"{type(provider_options).__name__}")
         self._providers.append((provider_type, {str(k): str(v)
-                                                for k, v in dict(provider_options).items()}))
+                                                for k, v in provider_options.items()}))
+
+    def has_providers(self) -> bool:
+        """Whether :meth:`add_provider` added any provider."""
+        return bool(self._providers)
 
     @property
     def providers(self) -> list[tuple[str, dict[str, str]]]:
         """The providers added with :meth:`add_provider`, in order."""
         return [(name, dict(opts)) for name, opts in self._providers]
 
+    def add_free_dimension_override_by_name(self, dim_name: str, dim_value: int) -> None:
+        """Fix symbolic dimension ``dim_name`` to ``dim_value`` for the whole session, before
+        partitioning and shape inference, as onnxruntime does."""
+        if not isinstance(dim_name, str) or isinstance(dim_value, bool) or \
+                not isinstance(dim_value, (int, np.integer)):
+            raise TypeError("add_free_dimension_override_by_name(): incompatible function "
+                            f"arguments ({type(dim_name).__name__}, "
+                            f"{type(dim_value).__name__}); expected (str, int)")
+        if dim_value < 0:
+            raise InvalidArgument(f"free dimension override {dim_name!r}={dim_value} is "
+                                  "invalid; expected an integer >= 0")
+        self._free_dims[dim_name] = int(dim_value)
+
+    @property
+    def free_dimension_overrides(self) -> dict[str, int]:
+        """Dimension name -> value, from :meth:`add_free_dimension_override_by_name`."""
+        return dict(self._free_dims)
+
 
 def config_flag(config: Mapping[str, str], key: str) -> bool:
     """Whether boolean config entry ``key`` is ``"1"`` (absent or ``"0"``: False)."""
     return config.get(key, "0") == "1"
-
-
-ProviderSpec = str | tuple[str, Mapping[str, Any]] | ExecutionProvider
-"""How a provider is named in ``InferenceSession(providers=...)``."""
-
-
-def _provider_classes() -> dict[str, Callable[[ProviderContext], ExecutionProvider]]:
-    """The providers this package builds by name (the NPU provider is imported on demand)."""
-    from .cpu import CPUExecutionProvider
-
-    def npu(context: ProviderContext) -> ExecutionProvider:
-        from ..npusim.provider import NpuSimExecutionProvider
-        return NpuSimExecutionProvider(context)
-
-    return {"NpuSimExecutionProvider": npu, "CPUExecutionProvider": CPUExecutionProvider}
-
-
-def make_providers(
-    providers: Sequence[Any],
-    provider_options: Sequence[Mapping[str, Any]] | None,
-    config: Mapping[str, str],
-    model_path: str | None,
-) -> list[ExecutionProvider]:
-    """Build the session's providers from onnxruntime's three spellings: ``["Name", ...]``,
-    ``[("Name", {options}), ...]``, or names plus a ``provider_options`` list of the same
-    length. An :class:`ExecutionProvider` instance is taken as is, keeping its provider options
-    and getting the session's config and model path.
-    ``CPUExecutionProvider`` is appended when absent and always runs last."""
-    specs = list(providers)
-    if provider_options is not None:
-        options_list = list(provider_options)
-        if len(options_list) != len(specs):
-            raise InvalidArgument(
-                f"'providers' and 'provider_options' should be the same length if both are "
-                f"given; got {len(specs)} providers and {len(options_list)} options")
-        if any(isinstance(s, tuple) for s in specs):
-            raise InvalidArgument("Only one of 'providers' as (name, options) tuples and "
-                                  "'provider_options' should be used")
-        specs = list(zip(specs, options_list, strict=True))
-    known = _provider_classes()
-    built: list[ExecutionProvider] = []
-    for spec in specs:
-        if isinstance(spec, ExecutionProvider):
-            spec.context = ProviderContext(provider_options=dict(spec.context.provider_options),
-                                           session_config=dict(config), model_path=model_path)
-            built.append(spec)
-            continue
-        name, opts = spec if isinstance(spec, tuple) else (spec, {})
-        if not isinstance(name, str) or name not in known:
-            raise InvalidArgument(f"Unknown Provider Type: {name!r}; available providers are "
-                                  f"{list(known)} (or pass an ExecutionProvider instance)")
-        if not isinstance(opts, Mapping):
-            raise InvalidArgument(f"options of provider {name} must be a dict, got "
-                                  f"{type(opts).__name__}")
-        context = ProviderContext(provider_options={str(k): str(v) for k, v in opts.items()},
-                                  session_config=dict(config), model_path=model_path)
-        built.append(known[name](context))
-    names = [p.type for p in built]
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        raise InvalidArgument(f"providers listed more than once: {repeated}")
-    if "CPUExecutionProvider" not in names:
-        built.append(known["CPUExecutionProvider"](
-            ProviderContext(session_config=dict(config), model_path=model_path)))
-    else:
-        built.sort(key=lambda p: p.type == "CPUExecutionProvider")
-    return built

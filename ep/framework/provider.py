@@ -83,7 +83,22 @@ class ExecutionProvider(ABC):
     """Whether this EP implements ``ep.share_ep_contexts`` (weight sharing across sessions)."""
 
     def __init__(self, context: ProviderContext | None = None) -> None:
-        self.context = context or ProviderContext()
+        self.context = ProviderContext()
+        self.bind(context or ProviderContext())
+
+    def bind(self, context: ProviderContext) -> None:
+        """Give the provider its context: its provider options, the session's config and the
+        model path. The framework binds every provider once, when the session is created and
+        before it asks the provider anything; a provider passed as an instance keeps its own
+        provider options and gets the session's config here. Subclasses derive their settings
+        in :meth:`_bind`, never in ``__init__``, so an instance made before the session sees
+        the session's options too."""
+        self.context = context
+        self._bind(context)
+
+    def _bind(self, context: ProviderContext) -> None:
+        """Derive settings from ``context`` (the hook :meth:`bind` calls); nothing by default."""
+        return None
 
     @abstractmethod
     def get_capability(self, graph: GraphView) -> list[ComputeCapability]:
@@ -106,6 +121,12 @@ class ExecutionProvider(ABC):
         nothing needed writing), False if the session failed. An EP sharing contexts across
         sessions makes this session's graphs part of its group, or drops them, here."""
         return None
+
+    def free_dimension_overrides(self) -> dict[str, int]:
+        """Symbolic dimensions this provider's options fix (name -> value). The session fixes
+        them for the whole graph before partitioning, like
+        ``SessionOptions.add_free_dimension_override_by_name``; none by default."""
+        return {}
 
     def run_stats(self) -> dict[str, Any]:
         """Counters from the last run (simulated cycles, utilization...); empty by default."""

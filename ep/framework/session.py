@@ -22,53 +22,30 @@ which provider runs each node and why the others declined it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import external_data_helper
 
-from ..errors import (
-    EPFail,
-    Fail,
-    InvalidArgument,
-    InvalidProtobuf,
-    ModelRequiresCompilation,
-    NoSuchFile,
-)
-from ..errors import NotImplemented as OrtNotImplemented
 from .context_writer import ContextWriter
-from .epcontext import is_ep_context_node, parse_ep_context_node
 from .executor import PlanExecutor, type_string
 from .files import atomic_write
 from .graph import GraphView, dims
-from .options import (
-    DISABLE_MODEL_COMPILE,
-    EP_CONTEXT_ENABLE,
-    EXTERNAL_INITIALIZERS_FOLDER,
-    ProviderSpec,
-    SessionOptions,
-    config_flag,
-    make_providers,
-)
-from .partitioner import CPU, PartitionPlan, partition
-from .provider import CompiledNode, ExecutionProvider
-
-AVAILABLE_PROVIDERS = ["NpuSimExecutionProvider", "CPUExecutionProvider"]
+from .options import EP_CONTEXT_ENABLE, SessionOptions, config_flag
+from .pipeline import construct
+from .provider import CompiledNode
+from .registry import ProviderSpec, available_providers, normalize_provider_args
 
 
 def get_available_providers() -> list[str]:
-    """The providers this package can build, in default priority order."""
-    if importlib.util.find_spec("ep.npusim.provider") is None:
-        return ["CPUExecutionProvider"]
-    return list(AVAILABLE_PROVIDERS)
+    """The registered providers, in default priority order (``CPUExecutionProvider`` last)."""
+    return available_providers()
 
 
 class InferenceSession:
@@ -84,33 +61,30 @@ class InferenceSession:
     ) -> None:
         started = time.perf_counter()
         self._sess_options = sess_options or SessionOptions()
-        config = self._sess_options.config_entries()
-        self._profiler = Profiler(self._sess_options)
-        model, self._model_path = load_model(path_or_bytes, config)
-        self._model = model
-        writer = ContextWriter(config, self._model_path) \
-            if config_flag(config, EP_CONTEXT_ENABLE) else None
-        provider_config = writer.provider_config() if writer else config
-        self._providers = make_providers(
-            get_available_providers() if providers is None else providers,
-            provider_options, provider_config, self._model_path,
-        )
-        self._graph = GraphView.from_model(model)
-        if writer is not None:
-            writer.check_providers(self._providers)
-            writer.check_source(self._graph)
-        self._plan = partition(self._graph, self._providers)
-        check_ep_context_taken(self._graph, self._plan, self._providers)
-        check_compile_allowed(self._graph, self._plan, config)
-        try:
-            compiled = compile_plan(self._plan, self._providers, writer, self._profiler.wrap)
-            if writer is not None:
-                writer.write(model, self._graph, self._plan, self._providers)
-        except BaseException:
-            if writer is not None:
-                writer.cleanup(self._providers)
-            raise
-        self._executor = PlanExecutor(self._graph, self._plan, compiled)
+        options = self._sess_options
+        config = options.config_entries()
+        self._profiler = Profiler(options)
+        if providers is None and provider_options is None and options.has_providers():
+            specs = normalize_provider_args(options.providers, None)
+        else:
+            if (providers or provider_options) and options.has_providers():
+                warnings.warn(
+                    "Specified 'providers'/'provider_options' when creating InferenceSession but "
+                    "SessionOptions has already been configured with providers. "
+                    "InferenceSession will only use the providers passed to InferenceSession().",
+                    stacklevel=2)
+            specs = normalize_provider_args(
+                available_providers() if providers is None else providers, provider_options)
+        ctx = config_flag(config, EP_CONTEXT_ENABLE)
+        built = construct(
+            path_or_bytes, config, specs,
+            optimization_level=options.graph_optimization_level,
+            free_dims=options.free_dimension_overrides,
+            make_writer=lambda path: ContextWriter(config, path) if ctx else None,
+            wrap=self._profiler.wrap)
+        self._model, self._model_path = built.source, built.model_path
+        self._providers, self._graph, self._plan = built.providers, built.graph, built.plan
+        self._executor = PlanExecutor(self._graph, self._plan, built.compiled)
         self._profiler.event("session_initialization", "Session", started)
 
     # -- onnxruntime's API --------------------------------------------------------------------
@@ -191,67 +165,6 @@ class InferenceSession:
         return self._model
 
 
-# -- construction steps (shared with ModelCompiler) -------------------------------------------
-
-
-def check_ep_context_taken(graph: GraphView, plan: PartitionPlan,
-                           providers: Sequence[ExecutionProvider]) -> None:
-    """An EPContext node left to the CPU provider has no implementation: ORT's error."""
-    available = ", ".join(p.type for p in providers)
-    for part in plan.by_provider(CPU):
-        for i in part.nodes:
-            node = graph.nodes[i]
-            if is_ep_context_node(node):
-                source = parse_ep_context_node(node).source or "<no source>"
-                raise OrtNotImplemented(
-                    f"Could not find an implementation for EPContext(1) node with name "
-                    f"'{node.name}'. EPContext node generated by '{source}' is not "
-                    "compatible with any execution provider added to the session. "
-                    f"Available session execution providers: [{available}]."
-                )
-
-
-def check_compile_allowed(graph: GraphView, plan: PartitionPlan,
-                          config: Mapping[str, str]) -> None:
-    """With ``session.disable_model_compile=1`` only precompiled (EPContext) partitions may go
-    to an EP: anything it would compile now is ``ModelRequiresCompilation``."""
-    if not config_flag(config, DISABLE_MODEL_COMPILE):
-        return
-    for part in plan.partitions:
-        if part.provider == CPU:
-            continue
-        fresh = [graph.names[i] for i in part.nodes if not is_ep_context_node(graph.nodes[i])]
-        if fresh:
-            raise ModelRequiresCompilation(
-                "The model requires compilation by an execution provider, but compilation "
-                f"was disabled via session options ({DISABLE_MODEL_COMPILE}=1): "
-                f"{part.provider} would compile nodes {fresh}. Load the EPContext model "
-                "made by ModelCompiler instead."
-            )
-
-
-def compile_plan(
-    plan: PartitionPlan, providers: Sequence[ExecutionProvider], writer: ContextWriter | None,
-    wrap: Callable[[CompiledNode, str, str], CompiledNode] | None = None,
-) -> dict[str, CompiledNode]:
-    """Compile every partition on its provider; partition name -> compiled node."""
-    compiled: dict[str, CompiledNode] = {}
-    for provider in providers:
-        parts = plan.by_provider(provider.type)
-        if not parts:
-            continue
-        fused = [plan.fused_node(p) for p in parts]
-        if writer is not None:
-            writer.name_fused(fused)
-        nodes = provider.compile(fused)
-        if len(nodes) != len(fused):
-            raise EPFail(f"{provider.type}.compile returned {len(nodes)} compiled nodes for "
-                         f"{len(fused)} fused nodes")
-        for part, node in zip(parts, nodes, strict=True):
-            compiled[part.name] = wrap(node, part.name, provider.type) if wrap else node
-    return compiled
-
-
 # -- loading, feeds, profiling ---------------------------------------------------------------
 
 
@@ -275,47 +188,6 @@ def node_arg(graph: GraphView, name: str) -> NodeArg:
         return NodeArg(name, "tensor(undefined)", [])
     tt = vi.type.tensor_type
     return NodeArg(name, type_string(tt.elem_type), list(dims(tt.shape)))
-
-
-def load_model(path_or_bytes: str | os.PathLike[str] | bytes,
-               config: Mapping[str, str]) -> tuple[onnx.ModelProto, str | None]:
-    """Parse the model and load its external data; returns it and its path (None for bytes).
-
-    External data comes from the model's folder, or, for bytes, from
-    ``session.model_external_initializers_file_folder_path``. Errors are onnxruntime's:
-    ``NoSuchFile``, ``InvalidProtobuf``, ``Fail``.
-    """
-    if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
-        data, model_path = bytes(path_or_bytes), None
-        folder = config.get(EXTERNAL_INITIALIZERS_FOLDER, "") or None
-    elif isinstance(path_or_bytes, (str, os.PathLike)):
-        model_path = os.fspath(path_or_bytes)
-        if not os.path.isfile(model_path):
-            raise NoSuchFile(f"Load model from {model_path} failed:Load model {model_path} "
-                             "failed. File doesn't exist")
-        data = Path(model_path).read_bytes()
-        folder = str(Path(model_path).resolve().parent)
-    else:
-        raise InvalidArgument(f"Unable to load from type '{type(path_or_bytes)}'; expected a "
-                              "path or bytes")
-    try:
-        model = onnx.ModelProto.FromString(data)
-    except Exception:  # protobuf raises DecodeError and friends
-        raise InvalidProtobuf("Failed to load model because protobuf parsing failed.") from None
-    if not model.HasField("graph"):
-        raise InvalidProtobuf("Failed to load model because protobuf parsing failed.")
-    external = [t.name for t in external_data_helper._get_all_tensors(model)
-                if external_data_helper.uses_external_data(t)]
-    if external:
-        if folder is None:
-            raise Fail(f"the model has external initializers {external[:3]} but was loaded from "
-                       f"bytes; set {EXTERNAL_INITIALIZERS_FOLDER} to the folder of its data file")
-        try:
-            external_data_helper.load_external_data_for_model(model, folder)
-        except Exception as exc:
-            raise Fail(f"cannot load external initializers from folder {folder!r}: "
-                       f"{exc}") from None
-    return model, model_path
 
 
 class _TimedNode(CompiledNode):

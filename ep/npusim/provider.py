@@ -71,7 +71,10 @@ class NpuSimExecutionProvider(ExecutionProvider):
 
     def __init__(self, context: ProviderContext | None = None) -> None:
         super().__init__(context)
-        options = dict(self.context.provider_options)
+
+    def _bind(self, context: ProviderContext) -> None:
+        """Options and session settings; the device (or the sharing group's) is created here."""
+        options = dict(context.provider_options)
         self.config = _device_config(options.get("device", "npu-m"))
         self.functional = _flag("functional", options.get("functional", "1"))
         self.allocator = options.get("allocator", "best_fit")
@@ -80,7 +83,7 @@ class NpuSimExecutionProvider(ExecutionProvider):
             raise errors.InvalidArgument(f"NpuSimExecutionProvider option allocator="
                                          f"{self.allocator!r}; valid: {valid}")
         self.dim_overrides = _dim_overrides(options)
-        session = self.context.session_config
+        session = context.session_config
         self.generating = config_flag(session, EP_CONTEXT_ENABLE)
         self.share = config_flag(session, SHARE_EP_CONTEXTS)
         self.stop_share = config_flag(session, STOP_SHARE_EP_CONTEXTS)
@@ -105,6 +108,10 @@ class NpuSimExecutionProvider(ExecutionProvider):
         # EPContext (ep/npusim/epcontext.py): nodes made at compile, binaries kept open.
         self._ep_context_nodes: list[onnx.NodeProto] = []
         self._context_binaries: list[Any] = []
+
+    def free_dimension_overrides(self) -> dict[str, int]:
+        """Symbolic dimensions fixed by provider options (``{"batch": "1"}``)."""
+        return dict(self.dim_overrides)
 
     def _new_runtime(self) -> NpuRuntime:
         return NpuRuntime(self.config, allocator=self.allocator, functional=self.functional)

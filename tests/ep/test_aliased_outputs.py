@@ -38,14 +38,19 @@ def aliasing_model(cpu_consumer: bool):
     return model(nodes, [("x", F, [2, 3])], outputs, inits)
 
 
+@pytest.mark.parametrize("level", [ep.GraphOptimizationLevel.ORT_DISABLE_ALL,
+                                   ep.GraphOptimizationLevel.ORT_ENABLE_ALL])
 @pytest.mark.parametrize("cpu_consumer", [False, True])
-def test_aliased_partition_outputs_match_onnxruntime(cpu_consumer):
+def test_aliased_partition_outputs_match_onnxruntime(cpu_consumer, level):
+    """With optimizations off the aliases reach the NPU as written; with them on, onnxruntime's
+    basic optimizations remove what they can first (a Dropout feeding only an Unsqueeze)."""
     m = aliasing_model(cpu_consumer).SerializeToString()
     x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
-    session = ep.InferenceSession(m, providers=["NpuSimExecutionProvider"])
-    assignment = session.get_node_assignment()
-    assert {n for n, p in assignment.items() if p == "NpuSimExecutionProvider"} >= {
-        "Relu_0", "Reshape_1", "Identity_2", "Dropout_3", "Unsqueeze_4", "Add_5"}
+    so = ep.SessionOptions()
+    so.graph_optimization_level = level
+    session = ep.InferenceSession(m, so, providers=["NpuSimExecutionProvider"])
+    placed = {n: p for n, p in session.get_node_assignment().items() if not n.startswith("TopK")}
+    assert set(placed.values()) == {"NpuSimExecutionProvider"}, placed
     expected = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, {"x": x})
     for got, want in zip(session.run(None, {"x": x}), expected, strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape

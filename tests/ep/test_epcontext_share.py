@@ -184,11 +184,11 @@ def test_group_without_last_session_writes_no_binary(tmp_path: Path) -> None:
 
 def test_name_clash_is_rejected_and_group_unchanged(tmp_path: Path) -> None:
     paths = save_sources(tmp_path)
-    gen(paths["m1"], prefix="")
+    gen(paths["m1"], prefix="same_")  # one explicit prefix for two models: their names clash
     before = dict(workspace().group.owners)
     with pytest.raises(ep.InvalidArgument, match="already used by 'm1_ctx.onnx'.*"
                        "ep.context_node_name_prefix"):
-        gen(paths["m2"], prefix="")
+        gen(paths["m2"], prefix="same_")
     assert not (tmp_path / "m2_ctx.onnx").exists()
     assert workspace().group.owners == before
     gen(paths["m2"], stop=True)
@@ -240,7 +240,7 @@ def test_existing_binary_is_not_overwritten(tmp_path: Path) -> None:
     assert workspace().group is None
 
 
-@pytest.mark.parametrize("case", ["stop_alone", "embed_1", "other_device", "model_compiler"])
+@pytest.mark.parametrize("case", ["stop_alone", "embed_1", "other_device"])
 def test_invalid_sharing_settings(tmp_path: Path, case: str) -> None:
     paths = save_sources(tmp_path)
     if case == "stop_alone":
@@ -259,12 +259,33 @@ def test_invalid_sharing_settings(tmp_path: Path, case: str) -> None:
         so.add_session_config_entry("ep.context_node_name_prefix", "m2_")
         with pytest.raises(ep.InvalidArgument, match="'npu-s'.*'npu-m'"):
             ep.InferenceSession(str(paths["m2"]), so, providers=[(NPU, {"device": "npu-s"})])
-    else:
-        so = ep.SessionOptions()
-        so.add_session_config_entry("ep.share_ep_contexts", "1")
-        so.add_provider(NPU, {})
-        with pytest.raises(ep.NotImplemented, match="not supported by ModelCompiler"):
-            ep.ModelCompiler(so, str(paths["m1"])).compile_to_file(
-                str(tmp_path / "m1_ctx.onnx"))
     assert not list(tmp_path.glob("*_ctx.onnx")) or case == "other_device"
     assert not list(tmp_path.glob("*.bin"))
+
+
+@pytest.mark.parametrize("use_compiler", [False, True])
+def test_a_group_needs_no_name_prefix(tmp_path: Path, use_compiler: bool) -> None:
+    """Without ep.context_node_name_prefix, graph and node names are still unique per model (the
+    model name prefixes them), through sessions and through ModelCompiler alike; m1 and m2
+    would otherwise both name their partition NpuSim_0."""
+    paths = save_sources(tmp_path)
+    for name in ("m1", "m2", "m3"):
+        so = ep.SessionOptions()
+        so.add_session_config_entry("ep.share_ep_contexts", "1")
+        if name == "m3":
+            so.add_session_config_entry("ep.stop_share_ep_contexts", "1")
+        if use_compiler:
+            so.add_provider(NPU, {})
+            ep.ModelCompiler(so, str(paths[name])).compile_to_file(
+                str(tmp_path / f"{name}_ctx.onnx"))
+        else:
+            so.add_session_config_entry("ep.context_enable", "1")
+            ep.InferenceSession(str(paths[name]), so, providers=[NPU])
+    assert sorted(p.name for p in tmp_path.glob("*.bin")) == ["m1_npusim.bin"]
+    with ContextBinary.open(tmp_path / "m1_npusim.bin") as binary:
+        assert sorted(binary.graph_names()) == ["m1_NpuSim_0", "m2_NpuSim_0", "m3_NpuSim_0"]
+    for name, source in sources().items():
+        session = ep.InferenceSession(str(tmp_path / f"{name}_ctx.onnx"), providers=[NPU])
+        feeds = random_feed(source, seed=5)
+        for got, want in zip(session.run(None, feeds), ort_run(source, feeds), strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -88,13 +89,37 @@ def test_cpu_listed_first_still_runs_last(model_path: str) -> None:
     assert s.get_node_assignment()["relu"] == TOY
 
 
-def test_bad_provider_arguments(model_path: str) -> None:
-    with pytest.raises(ep.InvalidArgument, match="Unknown Provider Type: 'FooExecutionProvider'"):
-        ep.InferenceSession(model_path, providers=["FooExecutionProvider"])
-    with pytest.raises(ep.InvalidArgument, match="should be the same length"):
-        ep.InferenceSession(model_path, providers=["CPUExecutionProvider"], provider_options=[])
-    with pytest.raises(ep.InvalidArgument, match="more than once"):
-        ep.InferenceSession(model_path, providers=["CPUExecutionProvider"] * 2)
+BAD_PROVIDER_ARGUMENTS = [
+    {"providers": ["FooExecutionProvider"]},
+    {"providers": "CPUExecutionProvider"},  # a string is a sequence of one-letter names
+    {"providers": ["CPUExecutionProvider"], "provider_options": [{}, {}]},
+    {"providers": ["CPUExecutionProvider"], "provider_options": [[]]},
+    {"providers": [("CPUExecutionProvider",)]},
+    {"providers": [("CPUExecutionProvider", {})], "provider_options": [{}]},
+    {"providers": 3},
+]
+
+
+@pytest.mark.parametrize("kwargs", BAD_PROVIDER_ARGUMENTS)
+def test_bad_provider_arguments_fail_as_in_onnxruntime(model_path: str, kwargs) -> None:
+    """The same exception type, and onnxruntime's message (ours may add what is valid)."""
+    with pytest.raises(Exception) as theirs, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ort.InferenceSession(model_path, enable_fallback=0, **kwargs)
+    expected = type(theirs.value) if isinstance(theirs.value, (ValueError, TypeError)) \
+        else RuntimeError  # onnxruntime's status errors are RuntimeErrors; so are ours
+    with pytest.raises(expected) as ours, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep.InferenceSession(model_path, **kwargs)
+    theirs_text = str(theirs.value).split("[ONNXRuntimeError] : ")[-1]
+    assert theirs_text.split(";")[0] in str(ours.value)
+
+
+def test_a_repeated_provider_is_ignored_with_onnxruntime_warning(model_path: str) -> None:
+    with pytest.warns(UserWarning, match="Duplicate provider 'CPUExecutionProvider' "
+                                         "encountered, ignoring."):
+        s = ep.InferenceSession(model_path, providers=["CPUExecutionProvider"] * 2)
+    assert s.get_providers() == ["CPUExecutionProvider"]
 
 
 def test_io_metadata_matches_onnxruntime(model_path: str) -> None:

@@ -1,0 +1,226 @@
+"""The construction pipeline shared by ``InferenceSession`` and ``ModelCompiler``.
+
+Both do the same ten steps, in ONNX Runtime's order; only what they keep differs (a session
+keeps the compiled partitions to run, a compiler keeps the written EPContext model):
+
+1. load the model (path or bytes, external data);
+2. set up EPContext generation (:class:`~.context_writer.ContextWriter`), so path errors come
+   before any work;
+3. build the providers from the registry and bind each to the session's config;
+4. fix symbolic dimensions (session overrides plus providers' own);
+5. apply onnxruntime's basic graph optimizations (:mod:`.optimizer`);
+6. index the graph (:class:`~.graph.GraphView`);
+7. partition (:func:`~.partitioner.partition`);
+8. check what the plan may not contain (EPContext nodes no provider takes; with
+   ``session.disable_model_compile=1``, anything that needs compiling);
+9. compile every partition on its provider;
+10. write the EPContext model, or on any failure remove what generation wrote.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from onnx import external_data_helper
+
+from ..errors import (
+    EPFail,
+    Fail,
+    InvalidArgument,
+    InvalidProtobuf,
+    ModelRequiresCompilation,
+    NoSuchFile,
+)
+from ..errors import NotImplemented as OrtNotImplemented
+from .context_writer import ContextWriter
+from .epcontext import is_ep_context_node, parse_ep_context_node
+from .graph import GraphView
+from .optimizer import optimize
+from .options import DISABLE_MODEL_COMPILE, EXTERNAL_INITIALIZERS_FOLDER, config_flag
+from .partitioner import CPU, PartitionPlan, partition
+from .provider import CompiledNode, ExecutionProvider
+from .registry import build_providers
+
+Wrap = Callable[[CompiledNode, str, str], CompiledNode]
+"""Wraps each compiled node (the session's profiler times partitions this way)."""
+
+
+@dataclass
+class Built:
+    """What construction produced."""
+
+    source: onnx.ModelProto
+    """The model as loaded."""
+    model_path: str | None
+    providers: list[ExecutionProvider]
+    graph: GraphView
+    """The graph as partitioned: optimized, dimensions fixed, indexed."""
+    plan: PartitionPlan
+    compiled: dict[str, CompiledNode]
+    """Partition name -> what runs it."""
+
+
+def construct(
+    path_or_bytes: str | os.PathLike[str] | bytes,
+    config: Mapping[str, str],
+    provider_specs: Sequence,
+    *,
+    optimization_level: int,
+    free_dims: Mapping[str, int] | None = None,
+    make_writer: Callable[[str | None], ContextWriter | None] = lambda path: None,
+    require_compiled: bool = True,
+    write: Callable[[ContextWriter, onnx.ModelProto, GraphView, PartitionPlan,
+                     list[ExecutionProvider]], object] | None = None,
+    wrap: Wrap | None = None,
+    already_compiled: Exception | None = None,
+) -> Built:
+    """Run the pipeline of the module docstring. ``make_writer(model_path)`` returns the
+    EPContext writer (None: no generation); ``write`` writes with it (default
+    ``writer.write``); ``require_compiled=False`` skips the ``disable_model_compile`` check
+    (``ModelCompiler`` compiles by definition). A model that already has EPContext nodes is
+    loaded without generating (ONNX Runtime's sessions skip generation for it), or, given
+    ``already_compiled``, that error is raised."""
+    source, model_path = load_model(path_or_bytes, config)
+    writer = make_writer(model_path)
+    provider_config = writer.provider_config() if writer is not None else dict(config)
+    providers = build_providers(provider_specs, provider_config, model_path)
+    dims = merged_free_dims(free_dims or {}, providers)
+    if writer is not None:
+        writer.check_providers(providers)
+    graph = GraphView.from_model(optimize(source, optimization_level, dims), dim_overrides=dims)
+    if writer is not None and any(is_ep_context_node(n) for n in graph.nodes):
+        if already_compiled is not None:
+            raise already_compiled
+        writer = None
+    plan = partition(graph, providers)
+    check_ep_context_taken(graph, plan, providers)
+    if require_compiled:
+        check_compile_allowed(graph, plan, config)
+    try:
+        compiled = compile_plan(plan, providers, writer, wrap)
+        if writer is not None:
+            (write or _write)(writer, graph.model, graph, plan, providers)
+    except BaseException:
+        if writer is not None:
+            writer.cleanup(providers)
+        raise
+    return Built(source, model_path, providers, graph, plan, compiled)
+
+
+def _write(writer: ContextWriter, model: onnx.ModelProto, graph: GraphView, plan: PartitionPlan,
+           providers: list[ExecutionProvider]) -> None:
+    writer.write(model, graph, plan, providers)
+
+
+def merged_free_dims(session: Mapping[str, int],
+                     providers: Sequence[ExecutionProvider]) -> dict[str, int]:
+    """The session's free-dimension overrides plus those providers' options fix; a dimension
+    fixed to two different values is ``InvalidArgument``."""
+    dims = dict(session)
+    for provider in providers:
+        for name, value in provider.free_dimension_overrides().items():
+            if dims.setdefault(name, value) != value:
+                raise InvalidArgument(f"symbolic dimension {name!r} is fixed to {dims[name]} and, "
+                                      f"by {provider.type}'s options, to {value}; give one value")
+    return dims
+
+
+def check_ep_context_taken(graph: GraphView, plan: PartitionPlan,
+                           providers: Sequence[ExecutionProvider]) -> None:
+    """An EPContext node left to the CPU provider has no implementation: ORT's error."""
+    available = ", ".join(p.type for p in providers)
+    for part in plan.by_provider(CPU):
+        for i in part.nodes:
+            node = graph.nodes[i]
+            if is_ep_context_node(node):
+                source = parse_ep_context_node(node).source or "<no source>"
+                raise OrtNotImplemented(
+                    f"Could not find an implementation for EPContext(1) node with name "
+                    f"'{node.name}'. EPContext node generated by '{source}' is not "
+                    "compatible with any execution provider added to the session. "
+                    f"Available session execution providers: [{available}]."
+                )
+
+
+def check_compile_allowed(graph: GraphView, plan: PartitionPlan,
+                          config: Mapping[str, str]) -> None:
+    """With ``session.disable_model_compile=1`` only precompiled (EPContext) partitions may go
+    to an EP: anything it would compile now is ``ModelRequiresCompilation``."""
+    if not config_flag(config, DISABLE_MODEL_COMPILE):
+        return
+    for part in plan.partitions:
+        if part.provider == CPU:
+            continue
+        fresh = [graph.names[i] for i in part.nodes if not is_ep_context_node(graph.nodes[i])]
+        if fresh:
+            raise ModelRequiresCompilation(
+                "The model requires compilation by an execution provider, but compilation "
+                f"was disabled via session options ({DISABLE_MODEL_COMPILE}=1): "
+                f"{part.provider} would compile nodes {fresh}. Load the EPContext model "
+                "made by ModelCompiler instead."
+            )
+
+
+def compile_plan(plan: PartitionPlan, providers: Sequence[ExecutionProvider],
+                 writer: ContextWriter | None, wrap: Wrap | None = None,
+                 ) -> dict[str, CompiledNode]:
+    """Compile every partition on its provider; partition name -> compiled node."""
+    compiled: dict[str, CompiledNode] = {}
+    for provider in providers:
+        parts = plan.by_provider(provider.type)
+        if not parts:
+            continue
+        fused = [plan.fused_node(p) for p in parts]
+        if writer is not None:
+            writer.name_fused(fused)
+        nodes = provider.compile(fused)
+        if len(nodes) != len(fused):
+            raise EPFail(f"{provider.type}.compile returned {len(nodes)} compiled nodes for "
+                         f"{len(fused)} fused nodes")
+        for part, node in zip(parts, nodes, strict=True):
+            compiled[part.name] = wrap(node, part.name, provider.type) if wrap else node
+    return compiled
+
+
+def load_model(path_or_bytes: str | os.PathLike[str] | bytes,
+               config: Mapping[str, str]) -> tuple[onnx.ModelProto, str | None]:
+    """Parse the model and load its external data; returns it and its path (None for bytes).
+
+    External data comes from the model's folder, or, for bytes, from
+    ``session.model_external_initializers_file_folder_path``. Errors are onnxruntime's:
+    ``NoSuchFile``, ``InvalidProtobuf``, ``Fail``.
+    """
+    if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
+        data, model_path = bytes(path_or_bytes), None
+        folder = config.get(EXTERNAL_INITIALIZERS_FOLDER, "") or None
+    elif isinstance(path_or_bytes, (str, os.PathLike)):
+        model_path = os.fspath(path_or_bytes)
+        if not os.path.isfile(model_path):
+            raise NoSuchFile(f"Load model from {model_path} failed:Load model {model_path} "
+                             "failed. File doesn't exist")
+        data = Path(model_path).read_bytes()
+        folder = str(Path(model_path).resolve().parent)
+    else:
+        raise TypeError(f"Unable to load from type '{type(path_or_bytes)}'")
+    try:
+        model = onnx.ModelProto.FromString(data)
+    except Exception:  # protobuf raises DecodeError and friends
+        raise InvalidProtobuf("Failed to load model because protobuf parsing failed.") from None
+    if not model.HasField("graph"):
+        raise InvalidProtobuf("Failed to load model because protobuf parsing failed.")
+    external = [t.name for t in external_data_helper._get_all_tensors(model)
+                if external_data_helper.uses_external_data(t)]
+    if external:
+        if folder is None:
+            raise Fail(f"the model has external initializers {external[:3]} but was loaded from "
+                       f"bytes; set {EXTERNAL_INITIALIZERS_FOLDER} to the folder of its data file")
+        try:
+            external_data_helper.load_external_data_for_model(model, folder)
+        except Exception as exc:
+            raise Fail(f"cannot load external initializers from folder {folder!r}: "
+                       f"{exc}") from None
+    return model, model_path
