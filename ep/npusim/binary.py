@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .binary_layout import ContextHeader, SectionEntry, SectionKind
 from .binary_reader import ContextBinary, WeightsSummary
-from .binary_writer import pack_context, write_context_binary
+from .binary_writer import graph_digest, pack_context, write_context_binary
 
 __all__ = [
     "ContextBinary",
@@ -24,6 +24,7 @@ __all__ = [
     "SectionEntry",
     "SectionKind",
     "WeightsSummary",
+    "graph_digest",
     "pack_context",
     "write_context_binary",
 ]

@@ -86,9 +86,15 @@ class SectionKind(IntEnum):
     COMMANDS = 4
     WEIGHTS = 5
     WEIGHT_CHECKSUMS = 6
+    GRAPH_DIGESTS = 7
 
 
-REQUIRED_SECTIONS = tuple(SectionKind)
+REQUIRED_SECTIONS = tuple(k for k in SectionKind if k != SectionKind.GRAPH_DIGESTS)
+"""Kinds 1-6; GRAPH_DIGESTS (format 2.1) is optional, so 2.0 files still read."""
+
+DIGEST_SIZE = 32
+"""GRAPH_DIGESTS section: u32 count (the graph count), then one SHA-256 per graph in GRAPHS
+order."""
 
 
 class AttrTag(IntEnum):

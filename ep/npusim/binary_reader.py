@@ -278,6 +278,7 @@ class ContextBinary:
                 if bad is not None:
                     raise bad.error(checks[blocks.index(bad)].result()) from None
         self._programs = programs
+        self._digests = decoder.digests(list(programs))
         self.weights_summary = WeightsSummary(
             blobs=len(decoder.blobs), references=len(decoder.references),
             referenced_bytes=sum(decoder.references),
@@ -331,6 +332,12 @@ class ContextBinary:
                 f"no graph named {name!r} in context binary {self.source}; "
                 f"graphs: {self.graph_names()}"
             ) from None
+
+    def graph_digest(self, name: str) -> str | None:
+        """The recorded digest of graph ``name`` (:func:`~ep.npusim.binary_writer.graph_digest`),
+        or None in a format 2.0 file, which records none."""
+        self._check_open()
+        return self._digests.get(name)
 
     def programs(self) -> list[Program]:
         """Every program, in file order."""

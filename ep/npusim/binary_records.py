@@ -90,6 +90,8 @@ class Decoder:
         self.commands_view = body(L.SectionKind.COMMANDS)
         self.weights_view = body(L.SectionKind.WEIGHTS)
         self.graphs_view = body(L.SectionKind.GRAPHS)
+        self.digests_view = body(L.SectionKind.GRAPH_DIGESTS) \
+            if L.SectionKind.GRAPH_DIGESTS in sections else None
         self.blobs: set[tuple[int, int]] = set()  # distinct (offset, length) references
         self.references: list[int] = []
 
@@ -99,6 +101,19 @@ class Decoder:
                 f"{where}: string id {index} is out of range [0, {len(self.strings)})"
             )
         return self.strings[index]
+
+    def digests(self, names: list[str]) -> dict[str, str]:
+        """Graph name -> its recorded digest (hex); empty for a 2.0 file, which has none."""
+        if self.digests_view is None:
+            return {}
+        cur = _Cursor(self.digests_view, "section graph_digests")
+        (count,) = cur.take(L.GRAPH_COUNT, "digest count")
+        if count != len(names):
+            raise InvalidGraph(f"section graph_digests: {count} digests for {len(names)} graphs")
+        raw = cur.raw(count * L.DIGEST_SIZE, f"{count} digests")
+        cur.finish()
+        return {name: raw[i * L.DIGEST_SIZE:(i + 1) * L.DIGEST_SIZE].hex()
+                for i, name in enumerate(names)}
 
     def graphs(self) -> dict[str, Program]:
         cur = _Cursor(self.graphs_view, "section graphs")

@@ -197,6 +197,34 @@ def _encode_program(p: Program, strings: _Strings, weights: _Weights,
     return bytes(out)
 
 
+class _WeightHashes:
+    """Stands in for :class:`_Weights` when a program is encoded for its digest: every blob at
+    offset 0 (so the record does not depend on a binary's layout), each content's SHA-256 kept."""
+
+    def __init__(self) -> None:
+        self.digests: list[bytes] = []
+
+    def add(self, data: Buffer, target: int | None = None) -> int:
+        self.digests.append(hashlib.sha256(data).digest())
+        return 0
+
+
+def graph_digest(program: Program) -> str:
+    """The identity of a compiled graph: SHA-256 of its program record (as encoded alone, with
+    its own string table), its command stream and the SHA-256 of each of its weights. The same
+    program gives the same digest in any binary; any change to what it computes changes it.
+    EPContext nodes record it and loading checks it against the binary's GRAPH_DIGESTS."""
+    strings, weights, commands = _Strings(), _WeightHashes(), []
+    record = _encode_program(program, strings, weights, commands, 0)  # type: ignore[arg-type]
+    digest = hashlib.sha256()
+    for part in (program.name.encode("utf-8"), strings.encode(), record, *commands):
+        digest.update(len(part).to_bytes(8, "little"))
+        digest.update(part)
+    for blob in weights.digests:
+        digest.update(blob)
+    return digest.hexdigest()
+
+
 def _header_text(value: str, size: int, field: str) -> bytes:
     raw = value.encode("utf-8") if isinstance(value, str) else b"\0"
     if len(raw) > size or b"\0" in raw:
@@ -238,6 +266,7 @@ def _layout(programs: Sequence[Program], hardware_architecture: str, config_dige
     commands: list[bytes] = []
     commands_size = 0
     graphs = bytearray(L.GRAPH_COUNT.pack(len(programs)))
+    digests = bytearray(L.GRAPH_COUNT.pack(len(programs)))
     records = bytearray()
     seen: set[str] = set()
     for p in programs:
@@ -248,6 +277,7 @@ def _layout(programs: Sequence[Program], hardware_architecture: str, config_dige
         commands_size += len(commands[-1])
         graphs += L.GRAPH.pack(strings.add(p.name), 0, len(records), len(record))
         records += record
+        digests += bytes.fromhex(graph_digest(p))
     sections: list[tuple[L.SectionKind, list[Buffer]]] = [
         (L.SectionKind.STRINGS, [strings.encode()]),
         (L.SectionKind.GRAPHS, [bytes(graphs)]),
@@ -255,6 +285,7 @@ def _layout(programs: Sequence[Program], hardware_architecture: str, config_dige
         (L.SectionKind.COMMANDS, commands),
         (L.SectionKind.WEIGHTS, weights.pieces),
         (L.SectionKind.WEIGHT_CHECKSUMS, [_block_checksums(weights.pieces, weights_block)]),
+        (L.SectionKind.GRAPH_DIGESTS, [bytes(digests)]),
     ]
     table_offset = L.HEADER_SIZE
     position = table_offset + L.SECTION.size * len(sections)
@@ -304,4 +335,4 @@ def write_context_binary(path: str | os.PathLike[str], programs: Sequence[Progra
     atomic_write(path, pieces)
 
 
-__all__ = ["pack_context", "write_context_binary"]
+__all__ = ["graph_digest", "pack_context", "write_context_binary"]

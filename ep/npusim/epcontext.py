@@ -33,13 +33,15 @@ from pathlib import Path
 import onnx
 
 from firmware_model import Program
+from npu_sim import dtypes
 from npu_sim.config import DeviceConfig
+from npu_sim.errors import ConfigError
 
-from ..errors import InvalidGraph
+from ..errors import Fail, InvalidGraph
 from ..framework import epcontext as E
 from ..framework.graph import GraphView
 from ..framework.provider import ComputeCapability, FusedNode, ProviderContext
-from .binary import ContextBinary, pack_context, write_context_binary
+from .binary import ContextBinary, graph_digest, pack_context, write_context_binary
 from .shared import EP_SHORT_NAME, SharedWorkspace, Staged
 from .version import SDK_VERSION, sdk_major
 
@@ -88,12 +90,20 @@ def make_context_nodes(
         cache_other: bytes | str = b""
     else:
         path = settings.binary_path(EP_SHORT_NAME)
+        if path.exists():
+            raise existing_binary_error(path)
         write_context_binary(path, programs, hardware_architecture=config.name,
                              config_digest=config.digest)
         size = path.stat().st_size
         relative = path.name
         cache_main = cache_other = relative
     return _nodes(compiled, settings, config, cache_main, cache_other, size)
+
+
+def existing_binary_error(path: Path) -> Fail:
+    """Generating never replaces a context binary: ONNX Runtime's rule for the model file."""
+    return Fail(f"Failed to generate EP context binary since the file '\"{path}\"' exists "
+                "already. Please remove it if you want to re-generate it.")
 
 
 def make_shared_context_nodes(
@@ -126,10 +136,19 @@ def _nodes(compiled: Sequence[tuple[FusedNode, Program]], settings: E.Generation
             embed_mode=settings.embed_mode, ep_cache_context=cache_main if k == 0 else cache_other,
             ep_sdk_version=SDK_VERSION, hardware_architecture=config.name,
             onnx_model_filename=f"{settings.model_name}.onnx", max_size=size,
-            notes=f"config_digest={config.digest}",
+            notes=f"config_digest={config.digest};graph_digest={graph_digest(program)}",
         )
-        for k, (fused, _) in enumerate(compiled)
+        for k, (fused, program) in enumerate(compiled)
     ]
+
+
+def recorded_digest(info: E.EpContextNode) -> str | None:
+    """The ``graph_digest`` an EPContext node's ``notes`` record, if any."""
+    for item in (info.notes or "").split(";"):
+        key, _, value = item.partition("=")
+        if key.strip() == "graph_digest" and value.strip():
+            return value.strip()
+    return None
 
 
 def _check_node(info: E.EpContextNode, config: DeviceConfig) -> None:
@@ -184,28 +203,115 @@ def load_programs(fused_nodes: Sequence[FusedNode], context: ProviderContext,
                   ) -> tuple[list[Program], list[ContextBinary]]:
     """The program of each EPContext fused node (in order), and the binaries opened (keep them
     alive while the programs' weights are in use). With ``acquire``, binary files are obtained
-    through it (shared between sessions) instead of opened here."""
+    through it (shared between sessions) instead of opened here.
+
+    A node's graph is looked up in the binary its ``ep_cache_context`` names (a file), or, for
+    an embedded payload, in its own main node's binary; two binaries may each hold a graph of
+    the same name. A binary holding a single graph serves a node of another name (ONNX Runtime's
+    QNN EP accepts that for older models). The graph's digest must be the one the node
+    recorded, so a binary replaced under an older model is refused, never run."""
     infos = [E.parse_ep_context_node(f.graph.node[0]) for f in fused_nodes]
     for info in infos:
         _check_node(info, config)
     opened: dict[Path, ContextBinary] = {}
     binaries: list[ContextBinary] = []
-    graphs: dict[str, Program] = {}
+    owner: dict[int, ContextBinary] = {}  # node position -> the binary its graph is in
     wanted = {info.graph_name for info in infos}
-    for info in infos:
-        if not info.main_context:
+    embedded: list[ContextBinary] = []
+    for k, info in enumerate(infos):
+        if info.main_context:
+            binary = _open(info, context, config, opened, wanted, acquire)
+            if binary not in binaries:
+                binaries.append(binary)
+            owner[k] = binary
+            if info.embed_mode == 1:
+                embedded.append(binary)
+    for k, info in enumerate(infos):
+        if k in owner:
             continue
-        binary = _open(info, context, config, opened, wanted, acquire)
-        if binary not in binaries:
-            binaries.append(binary)
-            for name in binary.graph_names():
-                graphs.setdefault(name, binary.program(name))
+        if info.embed_mode == 0 and info.ep_cache_context:
+            path = E.resolve_context_file(info.ep_cache_context, E.context_folder(context),
+                                          node=info.name)
+            if path in opened:
+                owner[k] = opened[path]
+                continue
+        holders = [b for b in (embedded or binaries) if info.graph_name in b.graph_names()]
+        if len(holders) > 1:
+            raise E.load_error(f"EPContext node {info.name!r}: graph {info.graph_name!r} is in "
+                               f"{len(holders)} context binaries of this model; give the node an "
+                               "ep_cache_context naming its file")
+        if holders:
+            owner[k] = holders[0]
     programs = []
-    for info in infos:
-        program = graphs.get(info.graph_name)
-        if program is None:
-            raise E.load_error(
-                f"EPContext node {info.name!r}: graph {info.graph_name!r} is in no context "
-                f"binary of this model (main_context nodes hold graphs {sorted(graphs)})")
-        programs.append(program)
+    for k, info in enumerate(infos):
+        programs.append(_graph_of(info, owner.get(k), binaries))
     return programs, binaries
+
+
+def _graph_of(info: E.EpContextNode, binary: ContextBinary | None,
+              binaries: Sequence[ContextBinary]) -> Program:
+    if binary is None:
+        held = sorted(n for b in binaries for n in b.graph_names())
+        raise E.load_error(f"EPContext node {info.name!r}: graph {info.graph_name!r} is in no "
+                           f"context binary of this model (main_context nodes hold graphs {held})")
+    names = binary.graph_names()
+    name = info.graph_name if info.graph_name in names else names[0] if len(names) == 1 \
+        else None
+    if name is None:
+        raise E.load_error(f"EPContext node {info.name!r}: graph {info.graph_name!r} is not in "
+                           f"context binary {binary.source} (it holds graphs {names})")
+    expected = recorded_digest(info)
+    stored = binary.graph_digest(name)
+    if expected is not None and stored != expected:
+        found = "records no graph digests (format 2.0)" if stored is None else \
+            f"holds graph {name!r} with digest {stored[:16]}..."
+        raise E.load_error(f"EPContext node {info.name!r} was compiled to graph digest "
+                           f"{expected[:16]}..., but context binary {binary.source} {found}: the "
+                           "binary was replaced or belongs to another model. Regenerate the "
+                           "EPContext model.")
+    return binary.program(name)
+
+
+def check_binding(fused: FusedNode, program: Program) -> None:
+    """An EPContext node's inputs and outputs bind to its graph's by position: the counts must
+    match, each element type and static shape must agree, and names may differ only by a
+    rename outside the node (``onnx.compose`` prefixes), never by a permutation of the graph's
+    own names, which would silently swap values. Mismatches are ``InvalidGraph``."""
+    node = fused.name
+    types = {vi.name: vi for vi in (*fused.graph.input, *fused.graph.output)}
+    for role, names, descs in (("input", fused.inputs, program.input_descs()),
+                               ("output", fused.outputs, program.output_descs())):
+        recorded = [d.name for d in descs]
+        if len(names) != len(descs):
+            raise E.load_error(f"EPContext node {node!r} has {len(names)} {role}s {list(names)}; "
+                               f"its compiled graph has {len(descs)}: {recorded}")
+        for position, (name, desc) in enumerate(zip(names, descs, strict=True)):
+            if name != desc.name and name in recorded:
+                raise E.load_error(
+                    f"EPContext node {node!r} {role} {position} is {name!r}, but the compiled "
+                    f"graph's {role} {position} is {desc.name!r} and {name!r} is its {role} "
+                    f"{recorded.index(name)}: the {role}s are permuted")
+            problem = _type_mismatch(types.get(name), desc)
+            if problem:
+                raise E.load_error(f"EPContext node {node!r} {role} {position} {name!r} is "
+                                   f"{problem[0]}; the compiled graph's {role} {position} "
+                                   f"{desc.name!r} is {problem[1]}")
+
+
+def _type_mismatch(vi: onnx.ValueInfoProto | None, desc) -> tuple[str, str] | None:
+    if vi is None or not vi.type.HasField("tensor_type"):
+        return None
+    tt = vi.type.tensor_type
+    want = f"{desc.dtype}{list(desc.shape)}"
+    try:
+        dtype = dtypes.from_onnx(tt.elem_type) if tt.elem_type else None
+    except ConfigError:
+        dtype = f"elem_type {tt.elem_type}"
+    if dtype is not None and dtype != desc.dtype:
+        return f"{dtype}", want
+    if tt.HasField("shape"):
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+        if len(dims) != len(desc.shape) or any(
+                d is not None and d != s for d, s in zip(dims, desc.shape, strict=True)):
+            return f"{dtype or ''}{dims}", want
+    return None

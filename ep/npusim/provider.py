@@ -160,7 +160,7 @@ class NpuSimExecutionProvider(ExecutionProvider):
         compiled: list[CompiledNode] = []
         for fused in fused_nodes:
             if fused.name in loaded:
-                compiled.append(self.add_program(fused.name, loaded[fused.name], fused.inputs))
+                compiled.append(self._add_context_program(fused, loaded[fused.name]))
                 continue
             result = compile_partition(fused, self.config, dim_overrides=self.dim_overrides)
             self.reports[fused.name] = result.report
@@ -196,6 +196,17 @@ class NpuSimExecutionProvider(ExecutionProvider):
             workspace().finish_without_graphs(settings.output_path,
                                               hardware_architecture=self.config.name,
                                               config_digest=self.config.digest)
+
+    def _add_context_program(self, fused: FusedNode, program: Program) -> NpuSimCompiledNode:
+        """Load a program read from a context binary for its EPContext node: I/O bound by
+        position (:func:`~ep.npusim.epcontext.check_binding`), and a program the firmware's
+        loader refuses is the binary's fault, so ``InvalidGraph`` with the loader's reason."""
+        npu_epcontext.check_binding(fused, program)
+        try:
+            return self.add_program(fused.name, program, [d.name for d in program.input_descs()])
+        except (errors.EPFail, errors.InvalidArgument) as exc:
+            raise E.load_error(f"EPContext node {fused.name!r}: the device cannot load its "
+                               f"graph {program.name!r}: {exc.message}") from None
 
     def add_program(self, name: str, program: Program,
                     input_names: Sequence[str] | None = None) -> NpuSimCompiledNode:

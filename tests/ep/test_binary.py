@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from ep.errors import InvalidArgument, InvalidGraph
 from ep.npusim import binary_layout as L
-from ep.npusim.binary import ContextBinary, pack_context, write_context_binary
+from ep.npusim.binary import ContextBinary, graph_digest, pack_context, write_context_binary
 from ep.npusim.version import SDK_VERSION
 from firmware_model.program import OFFSET_MASK, KernelLaunch, Program, Region, TensorDesc
 from npu_sim import dtypes
@@ -248,7 +248,8 @@ def test_newer_minor_version_with_an_unknown_section_is_accepted(sample):
     # Its checksum is still verified.
     binary.close()
     sealed[extra_at] ^= 1
-    with pytest.raises(InvalidGraph, match=r"checksum mismatch in section #6 \(unknown\(99\)\)"):
+    with pytest.raises(InvalidGraph, match=rf"checksum mismatch in section #{len(L.SectionKind)} "
+                                           r"\(unknown\(99\)\)"):
         ContextBinary.from_bytes(sealed)
 
 
@@ -630,3 +631,36 @@ def test_bad_program_writes_nothing(tmp_path):
     with pytest.raises(InvalidArgument, match="graph name 'graph_a' appears more than once"):
         write_context_binary(tmp_path / "m.bin", [first, first], hardware_architecture="npu-m")
     assert os.listdir(tmp_path) == []
+
+
+@settings(max_examples=30)
+@given(program_sets())
+def test_graph_digests_identify_programs_whatever_binary_holds_them(progs):
+    """Each graph's recorded digest is graph_digest(program): the same program has the same
+    digest alone or beside others (offsets and string ids differ), and any weight byte or
+    attribute change changes it."""
+    together = ContextBinary.from_bytes(pack_context(progs, hardware_architecture="npu-m"))
+    for p in progs:
+        alone = ContextBinary.from_bytes(pack_context([p], hardware_architecture="npu-m"))
+        assert together.graph_digest(p.name) == alone.graph_digest(p.name) == graph_digest(p)
+    changed = progs[0]
+    if changed.weights:
+        index, data = next(iter(changed.weights.items()))
+        flipped = bytes([data[0] ^ 1]) + bytes(data[1:]) if len(data) else data
+        if flipped != bytes(data):
+            other = Program(changed.name, changed.tensors, changed.launches, changed.commands,
+                            changed.inputs, changed.outputs,
+                            {**changed.weights, index: flipped}, changed.arena_bytes)
+            assert graph_digest(other) != graph_digest(changed)
+
+
+def test_a_2_0_file_without_graph_digests_still_reads(sample):
+    """GRAPH_DIGESTS is optional (added in 2.1): relabelled as an unknown kind, the file reads and
+    reports no digests."""
+    data = bytearray(sample)
+    index = [s.kind for s in ContextBinary.from_bytes(sample).sections].index(
+        L.SectionKind.GRAPH_DIGESTS)
+    struct.pack_into("<I", data, L.HEADER_SIZE + index * L.SECTION.size, 99)
+    binary = ContextBinary.from_bytes(reseal(data))
+    assert binary.programs() == sample_programs()
+    assert {binary.graph_digest(name) for name in binary.graph_names()} == {None}

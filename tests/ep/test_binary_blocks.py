@@ -126,7 +126,8 @@ def test_a_checksum_table_of_the_wrong_length_is_refused():
     index, table = sections(bytes(data))["weight_checksums"]
     at = L.HEADER_SIZE + index * L.SECTION.size + 16
     struct.pack_into("<Q", data, at, table.length - 4)
-    data[table.offset + table.length - 4:] = bytes(4)  # now padding
+    end = table.offset + table.length
+    data[end - 4:end] = bytes(4)  # now padding
     with pytest.raises(InvalidGraph, match=r"weight_checksums: 20 bytes, expected 24 for 4"):
         ContextBinary.from_bytes(reseal(data))
 
