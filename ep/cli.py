@@ -97,10 +97,13 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     for name, stats in session.get_run_stats().items():
         if not isinstance(stats, dict) or "cycles" not in stats:
             continue
-        print(f"{name} {stats['node']}: {stats['cycles']:,} cycles = "
-              f"{stats['microseconds']:.1f} us simulated", file=out)
+        print(f"{name}: {stats['cycles']:,} cycles = {stats['microseconds']:.1f} us simulated "
+              f"over {len(stats.get('partitions', {}))} partition(s)", file=out)
         busy = ", ".join(f"{engine} {100 * u:.0f}%" for engine, u in stats["utilization"].items())
         print(f"  utilization: {busy}", file=out)
+        for part, figures in stats.get("partitions", {}).items():
+            print(f"  {part}: {figures['cycles']:,} cycles = {figures['microseconds']:.1f} us",
+                  file=out)
     if args.timing_only:
         return 0
 

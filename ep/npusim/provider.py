@@ -57,7 +57,7 @@ from ..framework.provider import (
 from . import epcontext as npu_epcontext
 from .capability import get_npu_capability
 from .compiler import CompileReport, compile_partition
-from .runtime import NpuRuntime, NpuSimCompiledNode
+from .runtime import NpuRuntime, NpuSimCompiledNode, combine_stats
 from .shared import Staged, workspace
 
 OPTION_KEYS = ("device", "functional", "allocator")
@@ -99,7 +99,6 @@ class NpuSimExecutionProvider(ExecutionProvider):
             self.runtime = workspace().runtime(key, self._new_runtime)
         else:
             self.runtime = self._new_runtime()
-        self._stats: dict[str, Any] = {}
         self._declined: tuple[GraphView, dict[int, str]] | None = None
         self._staged: Staged | None = None
         self.programs: dict[str, Program] = {}
@@ -211,15 +210,18 @@ class NpuSimExecutionProvider(ExecutionProvider):
     def add_program(self, name: str, program: Program,
                     input_names: Sequence[str] | None = None) -> NpuSimCompiledNode:
         """Load ``program`` (freshly compiled or read from a context binary) as node ``name``."""
-        node = NpuSimCompiledNode(name, program, self.runtime, input_names, self._stats)
+        node = NpuSimCompiledNode(name, program, self.runtime, input_names)
         self.programs[name] = program
         self.nodes[name] = node
         return node
 
     def run_stats(self) -> dict[str, Any]:
-        """Simulated latency of the last run (cycles, microseconds), per-engine utilization
-        (busy cycles / span for each core and DMA channel) and the device's counter deltas."""
-        return dict(self._stats)
+        """The last run of the whole model on the NPU: simulated cycles and microseconds summed
+        over every NPU partition, per-engine utilization over that span, the device's counter
+        deltas, and ``partitions`` with each partition's own figures. Every session run runs
+        every partition, so the partitions' latest runs make up the last run."""
+        runs = {name: node.last_stats for name, node in self.nodes.items() if node.last_stats}
+        return combine_stats(runs, self.config)
 
 
 def _device_config(value: str) -> DeviceConfig:
