@@ -34,7 +34,10 @@ from pathlib import Path
 
 import onnx
 import onnxruntime as ort
-from onnx import helper
+from onnx import helper, numpy_helper
+
+from npu_sim.errors import KernelError
+from npu_sim.kernels import limits
 
 WEIGHT_BYTES = 1024
 """Initializers at least this large are weights: never folded, never copied here."""
@@ -77,13 +80,35 @@ def _optimizable(model: onnx.ModelProto) -> bool:
     weights would be hidden from it."""
     if not model.graph.node:
         return False
+    sizes = {t.name: t for t in model.graph.initializer
+             if t.data_type == onnx.TensorProto.INT64 and len(t.dims) == 1}
     for node in model.graph.node:
         if node.domain not in _STANDARD_DOMAINS:
+            return False
+        if node.op_type in _SIZED_BY_VALUE and _too_large(node, sizes):
             return False
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                for a in node.attribute):
             return False
     return True
+
+
+_SIZED_BY_VALUE = {"ConstantOfShape": 0, "Expand": 1}
+"""Ops whose output shape is an input's value: folding a huge one would allocate it."""
+
+
+def _too_large(node: onnx.NodeProto, shapes: Mapping[str, onnx.TensorProto]) -> bool:
+    """Whether folding ``node`` would make a tensor over the kernels' size limit; such a model
+    is left to the providers, whose kernels refuse it with a typed error."""
+    index = _SIZED_BY_VALUE[node.op_type]
+    tensor = shapes.get(node.input[index]) if len(node.input) > index else None
+    if tensor is None:
+        return False
+    try:
+        limits.check_elements(node.op_type, "output", numpy_helper.to_array(tensor).tolist())
+    except (KernelError, ValueError, TypeError):
+        return True
+    return False
 
 
 def _without_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:

@@ -35,7 +35,7 @@ import onnx
 
 from firmware_model import Program
 from npu_sim.config import PRESETS, DeviceConfig
-from npu_sim.errors import ConfigError
+from npu_sim.errors import ConfigError, NpuSimError
 from npu_sim.hbm import ALLOCATORS
 
 from .. import errors
@@ -161,7 +161,11 @@ class NpuSimExecutionProvider(ExecutionProvider):
             if fused.name in loaded:
                 compiled.append(self._add_context_program(fused, loaded[fused.name]))
                 continue
-            result = compile_partition(fused, self.config, dim_overrides=self.dim_overrides)
+            try:
+                result = compile_partition(fused, self.config, dim_overrides=self.dim_overrides)
+            except NpuSimError as exc:  # a bad attribute or shape found while compiling
+                raise errors.InvalidGraph(f"NpuSim: cannot compile partition {fused.name!r}: "
+                                          f"{exc}") from None
             self.reports[fused.name] = result.report
             fresh.append((fused, result.program))
             compiled.append(self.add_program(fused.name, result.program, fused.inputs))

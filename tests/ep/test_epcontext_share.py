@@ -225,7 +225,7 @@ def test_failed_session_leaves_group_as_it_was(tmp_path: Path, monkeypatch: pyte
 
     with monkeypatch.context() as patch:
         patch.setattr(os, "replace", failing)
-        with pytest.raises(OSError, match="No space left"):
+        with pytest.raises(ep.Fail, match="No space left on device"):
             gen(paths["m2"], stop=stop)
     assert sorted(os.listdir(tmp_path)) == ["m1.onnx", "m1_ctx.onnx", "m2.onnx", "m3.onnx"]
     assert workspace().group.owners == before

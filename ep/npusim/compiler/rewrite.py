@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from npu_sim import dtypes
+from npu_sim.kernels.limits import check_elements
 
 from .ir import Node, SubGraph, run_node
 
@@ -93,7 +94,8 @@ def _constant_outputs(graph: SubGraph, node: Node) -> list[np.ndarray] | None:
         return None
     if node.op == "ConstantOfShape":  # a constant generator, like Constant: no kernel needed
         fill = node.attrs.get("value", np.zeros(1, np.float32))
-        shape = tuple(int(d) for d in graph.consts[node.inputs[0]].reshape(-1))
+        shape = check_elements("ConstantOfShape", "output",
+                               graph.consts[node.inputs[0]].reshape(-1).tolist())
         return [np.full(shape, fill.reshape(-1)[0], dtype=fill.dtype)]
     return run_node(node, [graph.consts[i] if i else None for i in node.inputs])
 
