@@ -39,8 +39,7 @@ from onnx import helper, numpy_helper
 from npu_sim.errors import KernelError
 from npu_sim.kernels import limits
 
-WEIGHT_BYTES = 1024
-"""Initializers at least this large are weights: never folded, never copied here."""
+from .shapes import WEIGHT_BYTES, without_weights
 
 _STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
 
@@ -55,7 +54,8 @@ def optimize(model: onnx.ModelProto, level: int,
     """
     if int(level) < int(ort.GraphOptimizationLevel.ORT_ENABLE_BASIC) or not _optimizable(model):
         return model
-    light, weights = _without_weights(model)
+    light, weights = without_weights(model, WEIGHT_BYTES)
+    generators = _hide_generated_weights(light)
     with tempfile.TemporaryDirectory(prefix="npusim-opt-") as tmp:
         target = Path(tmp) / "optimized.onnx"
         options = ort.SessionOptions()
@@ -71,7 +71,39 @@ def optimize(model: onnx.ModelProto, level: int,
             optimized = onnx.load(str(target))
         except Exception:  # onnxruntime cannot load it: partition the model as given
             return model
-    return _restore(optimized, model, weights)
+    return _restore(optimized, model, weights, generators)
+
+
+def _hide_generated_weights(light: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Take out of ``light`` the nodes that generate a weight from a constant shape
+    (``ConstantOfShape`` of at least :data:`WEIGHT_BYTES`, as some exporters write weights), so
+    that onnxruntime does not materialize them; their outputs become typed graph inputs. Returns
+    the nodes taken out."""
+    shapes = {t.name: t for t in light.graph.initializer
+              if t.data_type == onnx.TensorProto.INT64 and len(t.dims) == 1}
+    generators, kept = [], []
+    for node in light.graph.node:
+        shape = shapes.get(node.input[0]) if node.op_type == "ConstantOfShape" and \
+            node.domain in ("", "ai.onnx") and node.input else None
+        value = next((a.t for a in node.attribute if a.name == "value"), None)
+        elem = value.data_type if value is not None else onnx.TensorProto.FLOAT
+        if shape is None or elem == onnx.TensorProto.STRING:
+            kept.append(node)
+            continue
+        dims = numpy_helper.to_array(shape).tolist()
+        itemsize = helper.tensor_dtype_to_np_dtype(elem).itemsize
+        count = 1
+        for d in dims:
+            count *= max(int(d), 0)
+        if count * itemsize < WEIGHT_BYTES:
+            kept.append(node)
+            continue
+        generators.append(node)
+        light.graph.input.append(helper.make_tensor_value_info(node.output[0], elem, dims))
+    if generators:
+        del light.graph.node[:]
+        light.graph.node.extend(kept)
+    return generators
 
 
 def _optimizable(model: onnx.ModelProto) -> bool:
@@ -111,39 +143,22 @@ def _too_large(node: onnx.NodeProto, shapes: Mapping[str, onnx.TensorProto]) -> 
     return False
 
 
-def _without_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
-    """A copy of ``model`` whose weights are typed graph inputs (their data not copied), and
-    the index of each weight among the model's initializers."""
-    weights = {t.name: k for k, t in enumerate(model.graph.initializer) if _nbytes(t) >=
-               WEIGHT_BYTES and t.data_type != onnx.TensorProto.STRING}
-    light = onnx.ModelProto()
-    for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version",
-                  "doc_string"):
-        setattr(light, field, getattr(model, field))
-    light.opset_import.extend(model.opset_import)
-    light.metadata_props.extend(model.metadata_props)
-    light.functions.extend(model.functions)
-    graph, source = light.graph, model.graph
-    graph.name, graph.doc_string = source.name, source.doc_string
-    graph.node.extend(source.node)
-    graph.input.extend(i for i in source.input if i.name not in weights)
-    for name, k in weights.items():
-        tensor = source.initializer[k]
-        graph.input.append(helper.make_tensor_value_info(name, tensor.data_type,
-                                                         list(tensor.dims)))
-    graph.output.extend(source.output)
-    graph.value_info.extend(source.value_info)
-    graph.initializer.extend(t for t in source.initializer if t.name not in weights)
-    graph.sparse_initializer.extend(source.sparse_initializer)
-    return light, weights
-
-
 def _restore(optimized: onnx.ModelProto, source: onnx.ModelProto,
-             weights: Mapping[str, int]) -> onnx.ModelProto:
-    """``optimized`` with the source's weights back as initializers, graph inputs as the source
-    declares them (less initializers folding removed), and the source's opset imports."""
+             weights: Mapping[str, int], generators: list[onnx.NodeProto]) -> onnx.ModelProto:
+    """``optimized`` with the source's weights back as initializers and its weight generators
+    as nodes, graph inputs as the source declares them (less initializers folding removed), and
+    the source's opset imports."""
     graph = optimized.graph
     used = {i for node in graph.node for i in node.input} | {o.name for o in graph.output}
+    wanted = [n for n in generators if n.output[0] in used]
+    if wanted:
+        nodes = [*wanted, *graph.node]
+        del graph.node[:]
+        graph.node.extend(nodes)
+        shape_inputs = {n.input[0] for n in wanted}
+        missing = shape_inputs - {t.name for t in graph.initializer}
+        graph.initializer.extend(t for t in source.graph.initializer if t.name in missing)
+        used |= shape_inputs
     graph.initializer.extend(source.graph.initializer[k] for name, k in weights.items()
                              if name in used)
     initialized = {t.name: t for t in graph.initializer}
@@ -171,15 +186,3 @@ def _restore(optimized: onnx.ModelProto, source: onnx.ModelProto,
     del optimized.opset_import[:]
     optimized.opset_import.extend(opsets)
     return optimized
-
-
-def _nbytes(tensor: onnx.TensorProto) -> int:
-    """The tensor's size in bytes (0 for a type numpy has no size for)."""
-    try:
-        itemsize = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-    except (KeyError, ValueError, TypeError):
-        return 0
-    count = 1
-    for d in tensor.dims:
-        count *= int(d)
-    return count * itemsize
