@@ -171,6 +171,9 @@ class ModelCompiler:
         with tempfile.TemporaryDirectory(dir=anchor.parent, prefix=temp_prefix()) as tmp:
             out = Path(tmp) / anchor.name
             self._compile(out, binary_anchor=anchor)
+            if self._external is not None:  # the model's bytes refer to it beside the anchor
+                target = anchor.parent / self._external
+                os.replace(Path(tmp) / self._external, target)
             return out.read_bytes()
 
     def compile_to_stream(self, write_function: Callable[[bytes], Any]) -> None:
