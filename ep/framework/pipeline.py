@@ -160,10 +160,9 @@ def check_compile_allowed(graph: GraphView, plan: PartitionPlan,
         fresh = [graph.names[i] for i in part.nodes if not is_ep_context_node(graph.nodes[i])]
         if fresh:
             raise ModelRequiresCompilation(
-                "The model requires compilation by an execution provider, but compilation "
-                f"was disabled via session options ({DISABLE_MODEL_COMPILE}=1): "
-                f"{part.provider} would compile nodes {fresh}. Load the EPContext model "
-                "made by ModelCompiler instead."
+                f"User disabled EP compilation but EP '{part.provider}' needs to compile one or "
+                f"more nodes. ({DISABLE_MODEL_COMPILE}=1; nodes {fresh}: load the EPContext "
+                "model made by ModelCompiler instead.)"
             )
 
 
