@@ -104,6 +104,7 @@ class NpuSimExecutionProvider(ExecutionProvider):
         self.programs: dict[str, Program] = {}
         self.reports: dict[str, CompileReport] = {}
         self.nodes: dict[str, NpuSimCompiledNode] = {}
+        self._ran: list[str] = []  # partitions of the current (or last) session run
         # EPContext (ep/npusim/epcontext.py): nodes made at compile, binaries kept open.
         self._ep_context_nodes: list[onnx.NodeProto] = []
         self._context_binaries: list[Any] = []
@@ -214,18 +215,24 @@ class NpuSimExecutionProvider(ExecutionProvider):
     def add_program(self, name: str, program: Program,
                     input_names: Sequence[str] | None = None) -> NpuSimCompiledNode:
         """Load ``program`` (freshly compiled or read from a context binary) as node ``name``."""
-        node = NpuSimCompiledNode(name, program, self.runtime, input_names)
+        node = NpuSimCompiledNode(name, program, self.runtime, input_names,
+                                  on_run=self._ran.append)
         self.programs[name] = program
         self.nodes[name] = node
         return node
 
     def run_stats(self) -> dict[str, Any]:
         """The last run of the whole model on the NPU: simulated cycles and microseconds summed
-        over every NPU partition, per-engine utilization over that span, the device's counter
-        deltas, and ``partitions`` with each partition's own figures. Every session run runs
-        every partition, so the partitions' latest runs make up the last run."""
-        runs = {name: node.last_stats for name, node in self.nodes.items() if node.last_stats}
+        over every NPU partition the run executed (a partial run executes only what its outputs
+        need), per-engine utilization over that span, the device's counter deltas, and
+        ``partitions`` with each partition's own figures."""
+        runs = {name: self.nodes[name].last_stats for name in dict.fromkeys(self._ran)
+                if name in self.nodes and self.nodes[name].last_stats}
         return combine_stats(runs, self.config)
+
+    def on_run_start(self) -> None:
+        """A session run begins: its stats are those of the partitions it runs."""
+        self._ran.clear()
 
 
 def _device_config(value: str) -> DeviceConfig:

@@ -17,7 +17,7 @@ own runs to its provider, so a session reports its runs, not another session's.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -135,11 +135,13 @@ class NpuSimCompiledNode(CompiledNode):
     """
 
     def __init__(self, name: str, program: Program, runtime: NpuRuntime,
-                 input_names: Sequence[str] | None = None) -> None:
+                 input_names: Sequence[str] | None = None,
+                 on_run: Callable[[str], object] | None = None) -> None:
         self.name = name
         self.program = program
         self.runtime = runtime
         self.last_stats: dict[str, Any] = {}
+        self._on_run = on_run
         with runtime.lock:
             self.loaded = runtime.load(program)
         names = [t.name for t in program.input_descs()]
@@ -164,6 +166,8 @@ class NpuSimCompiledNode(CompiledNode):
         with self.runtime.lock:
             outputs = self.runtime.run(self.name, self.loaded, feeds)
             self.last_stats = self.runtime.last_run_stats()
+        if self._on_run is not None:
+            self._on_run(self.name)
         return [o if o is not None else np.zeros(t.shape, dtypes.to_numpy(t.dtype))
                 for o, t in zip(outputs, self.program.output_descs(), strict=True)]
 
