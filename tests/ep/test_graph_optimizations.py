@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import ep
 from ep.framework.optimizer import WEIGHT_BYTES, optimize
+from ep.npusim.binary import ContextBinary
 
 NPU, CPU = "NpuSimExecutionProvider", "CPUExecutionProvider"
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
@@ -116,3 +117,36 @@ def test_a_model_onnxruntime_cannot_load_is_partitioned_as_given() -> None:
     model = shape_chain_model()
     model.graph.node[-1].op_type = "NoSuchOp"
     assert optimize(model, ep.GraphOptimizationLevel.ORT_ENABLE_ALL) is model
+
+
+def test_the_context_binary_stores_a_tied_weight_once(tmp_path: Path) -> None:
+    """Gather reads W and the projection reads Transpose(W): the NPU multiplies by W with
+    transB instead of folding the transpose into a second weight."""
+    model = tied_model(vocab=512, dim=64)
+    onnx.save(model, tmp_path / "tied.onnx")
+    so = ep.SessionOptions()
+    so.add_session_config_entry("ep.context_enable", "1")
+    session = ep.InferenceSession(str(tmp_path / "tied.onnx"), so, providers=[NPU])
+    assert set(session.get_node_assignment().values()) == {NPU}
+    w_bytes = 512 * 64 * 4
+    with ContextBinary.open(tmp_path / "tied_npusim.bin") as binary:
+        assert binary.weights_summary.distinct_bytes == w_bytes
+    ids = np.array([[3, 1, 511, 0]], np.int64)
+    want = ort.InferenceSession(str(tmp_path / "tied.onnx"), providers=[CPU]).run(
+        None, {"ids": ids})
+    for path in (tmp_path / "tied.onnx", tmp_path / "tied_ctx.onnx"):
+        got = ep.InferenceSession(str(path), providers=[NPU]).run(None, {"ids": ids})
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)
+
+
+def test_a_transposed_weight_costs_what_the_weight_costs() -> None:
+    from npu_sim import DeviceConfig
+    from npu_sim.cost import op_cost
+    from npu_sim.dtypes import TensorSpec
+
+    config = DeviceConfig.preset("npu-m")
+    a, out = TensorSpec((1, 8, 64), "float32"), TensorSpec((1, 8, 512), "float32")
+    plain = op_cost(config, "MatMul", [a, TensorSpec((64, 512), "float32")], [out], {}, 4)
+    stored = op_cost(config, "MatMul", [a, TensorSpec((512, 64), "float32")], [out],
+                     {"transB": 1}, 4)
+    assert stored.total_cycles == plain.total_cycles
