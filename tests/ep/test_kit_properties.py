@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import ep
@@ -56,9 +56,9 @@ def test_epcontext_round_trip_gives_identical_outputs(data, embed_mode):
         first = _session(model, **{"ep.context_enable": "1", "ep.context_file_path": ctx,
                                    "ep.context_embed_mode": embed_mode})
         fresh = first.run(None, inputs)
+        assume(NPU in first.get_node_assignment().values())  # else there is no context
         written = onnx.load(ctx)
-        assert any(n.op_type == "EPContext" for n in written.graph.node) == \
-            (NPU in first.get_node_assignment().values())
+        assert any(n.op_type == "EPContext" for n in written.graph.node)
         _same(_session(ctx).run(None, inputs), fresh)
 
 
