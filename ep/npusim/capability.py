@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import numpy as np
+
 from ep.framework.graph import GraphView
 from ep.framework.provider import ComputeCapability
 
@@ -102,10 +104,79 @@ def _live_outputs(graph: GraphView, i: int) -> list[str]:
     return outputs
 
 
+def _pool(graph: GraphView, i: int) -> str | None:
+    """MaxPool / AveragePool: ceil_mode windows that would start in the end padding."""
+    if why := _spatial(graph, i):
+        return why
+    attrs = graph.attrs(i)
+    _, shape = graph.tensor_type(graph.nodes[i].input[0])
+    if not attrs.get("ceil_mode", 0) or shape is None or attrs.get("auto_pad", "NOTSET") not in (
+            "NOTSET", "VALID"):
+        return None
+    spatial = list(shape[2:])
+    kernel = list(attrs.get("kernel_shape", []))
+    strides = list(attrs.get("strides", [1] * len(spatial)))
+    dilations = list(attrs.get("dilations", [1] * len(spatial)))
+    pads = list(attrs.get("pads", [0] * 2 * len(spatial)))
+    for k, size in enumerate(spatial):
+        if not isinstance(size, int) or k >= len(kernel):
+            continue
+        extent = (kernel[k] - 1) * dilations[k] + 1
+        span = size + pads[k] + pads[k + len(spatial)] - extent
+        out = -(-span // strides[k]) + 1
+        if span >= 0 and (out - 1) * strides[k] >= size + pads[k]:
+            return ("ceil_mode=1 with a last window starting in the end padding: shape "
+                    "inference and onnxruntime disagree on the output shape")
+    return None
+
+
 def _maxpool(graph: GraphView, i: int) -> str | None:
     if len(_live_outputs(graph, i)) > 1:
         return "the Indices output is not supported (only when nothing reads it)"
-    return _spatial(graph, i)
+    return _pool(graph, i)
+
+
+def _nonempty(graph: GraphView, i: int) -> str | None:
+    _, shape = graph.tensor_type(graph.nodes[i].input[0])
+    if shape is not None and 0 in shape:
+        return f"empty input (shape {tuple(shape)}) not supported"
+    return None
+
+
+def _resize_checked(graph: GraphView, i: int) -> str | None:
+    return _nonempty(graph, i) or _resize(graph, i)
+
+
+def _clip(graph: GraphView, i: int) -> str | None:
+    for tensor in graph.nodes[i].input[1:3]:
+        bound = graph.constant(tensor) if tensor else None
+        if bound is not None and np.isnan(bound.astype(np.float64)).any():
+            return "a NaN min/max bound is not supported (onnxruntime's result is kept)"
+    return None
+
+
+def _lrn(graph: GraphView, i: int) -> str | None:
+    size = graph.attrs(i).get("size")
+    _, shape = graph.tensor_type(graph.nodes[i].input[0])
+    if not isinstance(size, int) or size < 1 or size % 2 == 0:
+        return f"size={size} not supported; size must be a positive odd integer"
+    channels = shape[1] if shape is not None and len(shape) > 1 else None
+    if isinstance(channels, int) and size > 2 * channels + 1:
+        return (f"size={size} wider than the {channels} channels (at most "
+                f"{2 * channels + 1} is meaningful)")
+    return None
+
+
+def _reshape(graph: GraphView, i: int) -> str | None:
+    node = graph.nodes[i]
+    if not graph.attrs(i).get("allowzero", 0) or len(node.input) < 2:
+        return None
+    target = graph.constant(node.input[1])
+    _, shape = graph.tensor_type(node.input[0])
+    if target is not None and 0 in target.tolist() and shape is not None and 0 not in shape:
+        return ("allowzero=1 with a 0 in shape for a non-empty input: no element count "
+                "matches")
+    return None
 
 
 def _dropout(graph: GraphView, i: int) -> str | None:
@@ -147,7 +218,7 @@ SUPPORT_TABLE: dict[str, OpSupport] = {
     "Relu": OpSupport(6, dtypes=FLOATS + ("int8", "int32", "int64")),
     **_same(_UNARY_FLOAT, OpSupport(6)),
     "PRelu": OpSupport(7),
-    "Clip": OpSupport(6, const_inputs=_const("min", "max")),
+    "Clip": OpSupport(6, const_inputs=_const("min", "max"), check=_clip),
     "HardSwish": OpSupport(14),
     "Erf": OpSupport(9),
     "Gelu": OpSupport(20),
@@ -160,12 +231,12 @@ SUPPORT_TABLE: dict[str, OpSupport] = {
     **_same(("Min", "Max"), OpSupport(8, dtypes=FLOATS + ("int32", "int64"))),
     **_same(("Sum", "Mean"), OpSupport(8)),
     "MaxPool": OpSupport(1, dtypes=FLOATS + ("int8", "uint8"), check=_maxpool),
-    "AveragePool": OpSupport(1, check=_spatial),
+    "AveragePool": OpSupport(1, check=_pool),
     "GlobalAveragePool": OpSupport(1, check=_spatial),
     "GlobalMaxPool": OpSupport(1, check=_spatial),
-    "LRN": OpSupport(1),
+    "LRN": OpSupport(1, check=_lrn),
     **_same(_REDUCE, OpSupport(1, const_inputs=_const("axes"))),
-    "Reshape": OpSupport(5, dtypes=ALL, const_inputs=_const("shape")),
+    "Reshape": OpSupport(5, dtypes=ALL, const_inputs=_const("shape"), check=_reshape),
     **_same(_SHAPE_OPS, OpSupport(1, dtypes=ALL)),
     "Split": OpSupport(2, dtypes=ALL, const_inputs=_const("split")),
     "Slice": OpSupport(10, dtypes=ALL, const_inputs=_const("starts", "ends", "axes", "steps")),
@@ -175,7 +246,7 @@ SUPPORT_TABLE: dict[str, OpSupport] = {
     "Where": OpSupport(9, dtypes=ALL, typed_inputs=(1, 2)),
     "Cast": OpSupport(6, dtypes=ALL),
     "Dropout": OpSupport(7, check=_dropout),
-    "Resize": OpSupport(10, check=_resize),
+    "Resize": OpSupport(10, check=_resize_checked),
     "Pad": OpSupport(11, dtypes=ALL, const_inputs=((1, "pads"), (3, "axes"))),
     "QuantizeLinear": OpSupport(10, dtypes=FLOATS + ("int8", "uint8")),
     "DequantizeLinear": OpSupport(10, dtypes=FLOATS + ("int8", "uint8", "int32")),

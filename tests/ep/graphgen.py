@@ -1,12 +1,10 @@
-"""Hypothesis strategies for random ONNX DAGs, reusable by any EP-level property test.
+"""Random DAG models for the framework's property tests, drawn with the kit's strategy.
 
-:func:`random_dags` draws small float32 models: 1-3 graph inputs of one shape (3, 3), then nodes
-that each read earlier tensors chosen at random (so fan-in and fan-out are random): unary
-``Relu``/``Sigmoid``/``Neg``/``Tanh``, binary ``Add``/``Sub``/``Mul``, ``Add`` of a shared
-initializer, ``Transpose`` (square, so shapes stay put) and a ``Concat`` -> ``Split`` pair (two
-nodes: a (6, 3) tensor in between, two (3, 3) outputs). Graph outputs are a random non-empty
-subset of the node outputs. Some nodes are left unnamed. :func:`reference_eval` computes such a
-graph with numpy, independently of onnxruntime.
+:func:`random_dags` is :func:`ep.testing.strategies.models` restricted to a few ops on float32
+``(3, 3)`` inputs: unary ``Relu``/``Sigmoid``/``Neg``/``Tanh``, binary ``Add``/``Sub``/``Mul``
+(with other tensors or broadcasting initializers), ``Transpose`` and ``Concat``/``Split``. Nodes
+are stored in a drawn order and some are left unnamed, which the partitioner and graph tests
+need. :func:`reference_eval` computes such a graph with numpy, independently of onnxruntime.
 """
 
 from __future__ import annotations
@@ -16,89 +14,28 @@ from collections.abc import Mapping
 import numpy as np
 import onnx
 from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
+from onnx import numpy_helper
+
+from ep.testing.strategies import models, random_inputs
 
 SHAPE = (3, 3)
-OPSET = 17
-UNARY = ("Relu", "Sigmoid", "Neg", "Tanh")
-BINARY = ("Add", "Sub", "Mul")
-KINDS = UNARY + BINARY + ("AddConst", "Transpose", "ConcatSplit")
-WEIGHT = "W"
+OPS = ("Relu", "Sigmoid", "Neg", "Tanh", "Add", "Sub", "Mul", "Transpose", "Concat", "Split")
 
 
-@st.composite
-def random_dags(draw: st.DrawFn, max_nodes: int = 12) -> onnx.ModelProto:
-    """A random valid DAG model (opset 17, ir_version 8) over float32 (3, 3) tensors."""
-    n_inputs = draw(st.integers(1, 3))
-    tensors = [f"x{k}" for k in range(n_inputs)]
-    produced: list[str] = []
-    nodes: list[onnx.NodeProto] = []
-    uses_weight = False
-    n_steps = draw(st.integers(1, max_nodes))
-
-    def pick() -> str:
-        return tensors[draw(st.integers(0, len(tensors) - 1))]
-
-    def name() -> str:
-        return "" if draw(st.booleans()) and draw(st.booleans()) else f"n{len(nodes)}"
-
-    for step in range(n_steps):
-        kind = draw(st.sampled_from(KINDS))
-        out = f"t{step}"
-        if kind in UNARY:
-            nodes.append(helper.make_node(kind, [pick()], [out], name=name()))
-        elif kind in BINARY:
-            nodes.append(helper.make_node(kind, [pick(), pick()], [out], name=name()))
-        elif kind == "AddConst":
-            uses_weight = True
-            nodes.append(helper.make_node("Add", [pick(), WEIGHT], [out], name=name()))
-        elif kind == "Transpose":
-            nodes.append(helper.make_node("Transpose", [pick()], [out], perm=[1, 0], name=name()))
-        else:
-            cat = f"{out}_cat"
-            nodes.append(helper.make_node("Concat", [pick(), pick()], [cat], axis=0, name=name()))
-            halves = [f"{out}_a", f"{out}_b"]
-            nodes.append(
-                helper.make_node("Split", [cat], halves, axis=0, name=name())
-            )
-            produced.append(cat)
-            produced.extend(halves)
-            tensors.extend(halves)
-            continue
-        produced.append(out)
-        tensors.append(out)
-
-    chosen = draw(
-        st.lists(st.sampled_from(produced), min_size=1, max_size=min(4, len(produced)),
-                 unique=True)
-    )
-    order = draw(st.permutations(nodes)) if draw(st.booleans()) else nodes
-    inits = []
-    if uses_weight:
-        weight = np.arange(9, dtype=np.float32).reshape(SHAPE) / 4 - 1
-        inits.append(numpy_helper.from_array(weight, WEIGHT))
-    graph = helper.make_graph(
-        list(order),
-        "random_dag",
-        [helper.make_tensor_value_info(t, TensorProto.FLOAT, SHAPE) for t in tensors[:n_inputs]],
-        [helper.make_tensor_value_info(t, TensorProto.FLOAT, None) for t in chosen],
-        initializer=inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=8)
+def random_dags(max_nodes: int = 12) -> st.SearchStrategy[onnx.ModelProto]:
+    """Random valid DAG models (opset 17, IR 8) over float32 tensors, 1-3 ``(3, 3)`` inputs."""
+    return models("arbitrary", ops=OPS, cpu_ops=(), max_nodes=max_nodes, input_shape=SHAPE,
+                  shuffle_nodes=True, unnamed_nodes=True)
 
 
 def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random float32 inputs for a model from :func:`random_dags`."""
-    rng = np.random.default_rng(seed)
-    return {
-        i.name: rng.standard_normal(SHAPE).astype(np.float32)
-        for i in model.graph.input
-        if i.name not in {t.name for t in model.graph.initializer}
-    }
+    """Standard normal float32 inputs for a model from :func:`random_dags`."""
+    return random_inputs(model, seed)
 
 
 def _node_eval(node: onnx.NodeProto, args: list[np.ndarray]) -> list[np.ndarray]:
     op = node.op_type
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     if op == "Relu":
         return [np.maximum(args[0], 0)]
     if op == "Sigmoid":
@@ -110,11 +47,11 @@ def _node_eval(node: onnx.NodeProto, args: list[np.ndarray]) -> list[np.ndarray]
     if op in ("Add", "Sub", "Mul"):
         return [{"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}[op](*args)]
     if op == "Transpose":
-        return [args[0].T.copy()]
+        return [np.transpose(args[0], attrs["perm"]).copy()]
     if op == "Concat":
-        return [np.concatenate(args, axis=0)]
+        return [np.concatenate(args, axis=attrs["axis"])]
     if op == "Split":
-        return list(np.split(args[0], len(node.output), axis=0))
+        return list(np.split(args[0], len(node.output), axis=attrs.get("axis", 0)))
     raise ValueError(f"reference_eval does not know {op}")
 
 

@@ -1,0 +1,79 @@
+"""Property tests of the EP built on the testing kit (``ep.testing``).
+
+For any generated model (arbitrary, CNN-like, transformer-like; NPU ops plus CPU-only ops that
+force partition boundaries): NPU+CPU execution matches onnxruntime CPU; compiling, saving as an
+EPContext model (embed modes 0 and 1) and reloading gives identical outputs; timing-only and
+functional runs take identical simulated cycles. CI runs them derandomized (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import ep
+from ep.testing import assert_matches_onnxruntime
+from ep.testing.strategies import feeds, models
+
+NPU = "NpuSimExecutionProvider"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_any_model_on_npu_and_cpu_matches_onnxruntime(data):
+    model = data.draw(models(max_nodes=8), label="model")
+    inputs = data.draw(feeds(model), label="feeds")
+    assert assert_matches_onnxruntime(model, inputs) is not None
+
+
+def _session(model: onnx.ModelProto | str, **config: str) -> ep.InferenceSession:
+    options = ep.SessionOptions()
+    for key, value in config.items():
+        options.add_session_config_entry(key, value)
+    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
+    return ep.InferenceSession(data, options, providers=[NPU, "CPUExecutionProvider"])
+
+
+def _same(a: list[np.ndarray], b: list[np.ndarray]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_array_equal(x, y)  # NaN equals NaN here; values bit for bit
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.data(), st.sampled_from(["0", "1"]))
+def test_epcontext_round_trip_gives_identical_outputs(data, embed_mode):
+    model = data.draw(models(max_nodes=6), label="model")
+    inputs = data.draw(feeds(model), label="feeds")
+    with tempfile.TemporaryDirectory() as folder:
+        ctx = str(Path(folder) / "model_ctx.onnx")
+        first = _session(model, **{"ep.context_enable": "1", "ep.context_file_path": ctx,
+                                   "ep.context_embed_mode": embed_mode})
+        fresh = first.run(None, inputs)
+        assume(NPU in first.get_node_assignment().values())  # else there is no context
+        written = onnx.load(ctx)
+        assert any(n.op_type == "EPContext" for n in written.graph.node)
+        _same(_session(ctx).run(None, inputs), fresh)
+
+
+def _cycles(model: onnx.ModelProto, inputs: dict, functional: str) -> int | None:
+    session = ep.InferenceSession(model.SerializeToString(), providers=[
+        (NPU, {"functional": functional}), "CPUExecutionProvider"])
+    session.run(None, inputs)
+    return session.get_run_stats().get(NPU, {}).get("cycles")
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.data())
+def test_timing_only_and_functional_runs_take_the_same_cycles(data):
+    model = data.draw(models(max_nodes=6, cpu_ops=()), label="model")
+    inputs = data.draw(feeds(model), label="feeds")
+    functional = _cycles(model, inputs, "1")
+    assert functional is None or functional > 0
+    assert _cycles(model, inputs, "0") == functional

@@ -1,0 +1,107 @@
+"""Cases where ep silently differed from onnxruntime, each compared with the installed
+onnxruntime in the same test (ep.testing.assert_matches_onnxruntime runs both)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import ep
+from ep.testing import assert_matches_onnxruntime
+
+F = TensorProto.FLOAT
+NPU = "NpuSimExecutionProvider"
+
+
+def _model(node, in_shape, out_shape=None, inits=()):
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", F, in_shape)],
+                              [helper.make_tensor_value_info("y", F, out_shape)],
+                              initializer=list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _assignment(model):
+    session = ep.InferenceSession(model.SerializeToString())
+    return session.get_node_assignment()["n"], session.get_decline_reasons().get("n", {})
+
+
+def _ort_refuses(model, feeds):
+    with pytest.raises(Exception):  # noqa: B017 - whatever onnxruntime raises, it refuses
+        ort.InferenceSession(model.SerializeToString(),
+                             providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def test_clip_with_a_nan_bound_gives_onnxruntimes_result():
+    inits = [numpy_helper.from_array(np.array(np.nan, np.float32), "lo"),
+             numpy_helper.from_array(np.array(1.5, np.float32), "hi")]
+    model = _model(helper.make_node("Clip", ["x", "lo", "hi"], ["y"], name="n"), (2, 4),
+                   (2, 4), inits)
+    x = np.linspace(-3, 3, 8, dtype=np.float32).reshape(2, 4)
+    assert assert_matches_onnxruntime(model, {"x": x}) is not None
+    provider, reasons = _assignment(model)
+    assert provider == "CPUExecutionProvider" and "NaN" in reasons[NPU]
+
+
+def test_reshape_allowzero_with_a_zero_for_a_non_empty_input_is_refused_typed():
+    shape = numpy_helper.from_array(np.array([0, 6], np.int64), "s")
+    model = _model(helper.make_node("Reshape", ["x", "s"], ["y"], allowzero=1, name="n"),
+                   (2, 3), None, [shape])
+    feeds = {"x": np.ones((2, 3), np.float32)}
+    _ort_refuses(model, feeds)
+    assert assert_matches_onnxruntime(model, feeds) is None  # both refuse
+    with pytest.raises(ep.OrtError):
+        ep.InferenceSession(model.SerializeToString()).run(None, feeds)
+    assert "allowzero=1" in _assignment(model)[1][NPU]
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_lrn_with_an_even_size_is_refused_at_once(size):
+    model = _model(helper.make_node("LRN", ["x"], ["y"], size=size, name="n"), (1, 3, 2, 2),
+                   (1, 3, 2, 2))
+    feeds = {"x": np.ones((1, 3, 2, 2), np.float32)}
+    _ort_refuses(model, feeds)
+    with pytest.raises(ep.OrtError):
+        ep.InferenceSession(model.SerializeToString()).run(None, feeds)
+    assert assert_matches_onnxruntime(model, feeds) is None
+
+
+def test_lrn_wider_than_the_channels_is_left_to_the_cpu():
+    model = _model(helper.make_node("LRN", ["x"], ["y"], size=101, name="n"), (1, 3, 2, 2),
+                   (1, 3, 2, 2))
+    assert assert_matches_onnxruntime(model) is not None
+    assert "wider than the 3 channels" in _assignment(model)[1][NPU]
+
+
+def test_maxpool_ceil_mode_with_a_window_in_the_end_padding():
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2],
+                            pads=[1, 1, 1, 1], ceil_mode=1, name="n")
+    model = _model(node, (1, 1, 5, 5))
+    x = np.arange(25, dtype=np.float32).reshape(1, 1, 5, 5)
+    assert assert_matches_onnxruntime(model, {"x": x}) is not None
+    assert "ceil_mode" in _assignment(model)[1][NPU]
+
+
+def test_maxpool_ceil_mode_without_padding_windows_stays_on_the_npu():
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                            ceil_mode=1, name="n")
+    model = _model(node, (1, 1, 6, 6))
+    x = np.arange(36, dtype=np.float32).reshape(1, 1, 6, 6)
+    assert assert_matches_onnxruntime(model, {"x": x}) is not None
+    assert _assignment(model)[0] == NPU
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "Resize"])
+def test_empty_inputs_run_like_onnxruntime(op):
+    if op == "MaxPool":
+        node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], name="n")
+        inits = []
+    else:
+        node = helper.make_node("Resize", ["x", "", "sc"], ["y"], mode="nearest", name="n")
+        inits = [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "sc")]
+    model = _model(node, (0, 1, 4, 4), None, inits)
+    out = assert_matches_onnxruntime(model, {"x": np.ones((0, 1, 4, 4), np.float32)})
+    assert out is not None and out[0].size == 0
+    if op == "Resize":
+        assert "empty input" in _assignment(model)[1][NPU]
