@@ -32,8 +32,6 @@ KNOWN_FAILURES = {
         "test_sequence_map_identity_1_sequence_expanded",
         "test_sequence_map_identity_2_sequences",
         "test_sequence_map_identity_2_sequences_expanded")},
-    "test_shrink_soft_expanded_ver18": "the NPU program loader expects a rank-0 constant the "
-                                       "CPU partition hands over as shape (1,)",
 }
 MIN_ON_NPU = 450
 

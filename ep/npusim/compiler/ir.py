@@ -135,7 +135,7 @@ class SubGraph:
         while unique in self.types:
             k += 1
             unique = f"{name}_{k}"
-        value = np.ascontiguousarray(value)
+        value = np.require(value, requirements="C")  # keeps a 0-d value 0-d
         self.consts[unique] = value
         self.types[unique] = (dtypes.from_numpy(value.dtype), tuple(value.shape))
         return unique

@@ -75,7 +75,7 @@ def fold_constants(graph: SubGraph, keep: frozenset[str] = frozenset()) -> int:
             continue
         for name, value in zip(node.outputs, values, strict=False):
             if name:
-                value = np.ascontiguousarray(value)
+                value = np.require(value, requirements="C")  # keeps 0-d values 0-d
                 graph.consts[name] = value
                 graph.types[name] = (dtypes.from_numpy(value.dtype), tuple(value.shape))
         folded += 1
