@@ -33,7 +33,8 @@ from npu_sim.kernels import registry
 
 from .commands import U32_MAX, Barrier, Command, Dma, Kernel, Signal, Wait, pack, unpack
 from .program import Program, Region, split_reloc
-from .upload import host_address, host_bytes, upload_weights
+from .upload import host_address, host_bytes
+from .weights import Placement
 
 if TYPE_CHECKING:
     from npu_sim.device import Device
@@ -295,13 +296,21 @@ def load_program(fw: Firmware, program: Program, *, functional: bool = True) -> 
         if program.arena_bytes:
             loaded.arena = device.malloc(program.arena_bytes)
         if program.weights_bytes:
-            loaded.weights = device.malloc(program.weights_bytes)
-            upload_weights(fw, program, loaded.weights.address)
+            loaded.placement = fw.weights.place(program, shareable=not _reads_region(
+                commands, Region.WEIGHTS))
+            loaded.weights = loaded.placement.region
     except BaseException:
         loaded.unload()
         raise
     loaded.commands = [_relocate(c, loaded) for c in commands]
     return loaded
+
+
+def _reads_region(commands: Sequence[Command], region: Region) -> bool:
+    """Whether a DMA of ``commands`` addresses ``region`` (then its layout must stay whole)."""
+    return any(isinstance(c, Dma) and region in (Region(split_reloc(c.src)[0]),
+                                                 Region(split_reloc(c.dst)[0]))
+               for c in commands)
 
 
 def _same_bytes(a: bytes | bytearray | memoryview, b: bytes | bytearray | memoryview) -> bool:
@@ -328,6 +337,9 @@ class LoadedProgram:
         self.functional = functional
         self.arena: DeviceBuffer | None = None
         self.weights: DeviceBuffer | None = None
+        """The buffer holding the WEIGHTS region as compiled, if the program has one (see
+        :class:`~firmware_model.weights.Placement`); its weights may also be shared."""
+        self.placement: Placement | None = None
         self.commands: list[Command] = []
         self.last_run_cycles: int | None = None
         self.loaded = True
@@ -351,7 +363,11 @@ class LoadedProgram:
         operand = self._operands.get(tensor)
         if operand is None:  # regions never move while loaded: resolve each tensor once
             t = self.program.tensors[tensor]
-            operand = self._operands[tensor] = (self.base(t.region) + t.offset, t.spec)
+            if t.region == Region.WEIGHTS and self.placement is not None:
+                address = self.placement.addresses[tensor]
+            else:
+                address = self.base(t.region) + t.offset
+            operand = self._operands[tensor] = (address, t.spec)
         return operand
 
     @property
@@ -378,14 +394,14 @@ class LoadedProgram:
             io_id = max((c.cmd_id for c in self.commands), default=-1) + 1
             pre: list[Command] = []
             post: list[Command] = []
-            for arrays, descs, out in ((host_in, prog.input_descs(), pre),
-                                       (host_out, prog.output_descs(), post)):
-                for array, t in zip(arrays, descs, strict=True):
+            for arrays, indices, out in ((host_in, prog.inputs, pre),
+                                         (host_out, prog.outputs, post)):
+                for array, index in zip(arrays, indices, strict=True):
                     if not array.nbytes:
                         continue
                     iova = device.map_host(array)
                     mapped.append(iova)
-                    address = self.base(t.region) + t.offset
+                    address = self.operand(index)[0]
                     src, dst = (iova, address) if out is pre else (address, iova)
                     if io_id + 2 > U32_MAX:
                         raise InvalidCommand(_SCOPE, "command ids exhausted for I/O DMAs")
@@ -424,11 +440,13 @@ class LoadedProgram:
         return out
 
     def unload(self) -> None:
-        """Free the program's regions; it cannot run afterwards."""
-        for buf in (self.arena, self.weights):
-            if buf is not None and not buf.freed:
-                self.firmware.device.free(buf)
-        self.arena = self.weights = None
+        """Free the program's arena and release its weights (freed with their last user); it
+        cannot run afterwards."""
+        if self.arena is not None and not self.arena.freed:
+            self.firmware.device.free(self.arena)
+        if self.placement is not None:
+            self.firmware.weights.release(self.placement)
+        self.arena = self.weights = self.placement = None
         self._operands.clear()
         self.loaded = False
 

@@ -42,6 +42,7 @@ from .commands import (
 )
 from .queue import Queue, Submission
 from .rings import Completion, Status
+from .weights import WeightStore
 
 if TYPE_CHECKING:
     from npu_sim.device import Device
@@ -113,6 +114,8 @@ class Firmware:
         self._sem_waiters: list[_Cmd] = []
         self._pending: dict[tuple[int, int], tuple[Submission, int]] = {}
         self._fault_log: dict[tuple[int, int], str] = {}
+        self.weights = WeightStore(self)
+        """The device's resident weights, shared by content across loaded programs."""
         for q in self._queues:
             self.env.process(self._processor(q))
 
@@ -214,7 +217,7 @@ class Firmware:
         """The device's counters plus the firmware's: ``fw.commands`` completed, ``fw.faults``
         (fault completions other than CANCELLED), ``fw.cancelled``, ``fw.doorbells``,
         ``fw.submissions``."""
-        return {**self.device.stats(), **self._counters}
+        return {**self.device.stats(), **self.weights.stats(), **self._counters}
 
     def reset_stats(self) -> None:
         """Zero the firmware's counters and the device's."""

@@ -291,3 +291,23 @@ def test_a_group_needs_no_name_prefix(tmp_path: Path, use_compiler: bool) -> Non
         feeds = random_feed(source, seed=5)
         for got, want in zip(session.run(None, feeds), ort_run(source, feeds), strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_sessions_sharing_a_device_hold_one_copy_of_equal_weights(group: Path) -> None:
+    """m1 and m2 have identical weights: loaded by two sessions of one sharing group on one
+    device, their weights are resident once (hbm.weights.bytes), and m3's add their own."""
+    so = ep.SessionOptions()
+    so.add_session_config_entry("ep.share_ep_contexts", "1")
+    sessions = [ep.InferenceSession(str(group / f"{m}_ctx.onnx"), so, providers=[NPU])
+                for m in ("m1", "m2", "m3")]
+    firmware = npu(sessions[0]).runtime.firmware
+    assert all(npu(s).runtime.firmware is firmware for s in sessions)
+    with ContextBinary.open(group / "m1_npusim.bin") as binary:
+        distinct = binary.weights_summary.distinct_bytes
+    stats = firmware.stats()
+    assert stats["hbm.weights.bytes"] == distinct
+    assert stats["hbm.weights.shared_bytes"] > 0
+    for name, session in zip(("m1", "m2", "m3"), sessions, strict=True):
+        feeds = random_feed(sources()[name], seed=9)
+        np.testing.assert_allclose(session.run(None, feeds)[0],
+                                   ort_run(sources()[name], feeds)[0], rtol=1e-4, atol=1e-5)
