@@ -1,7 +1,8 @@
 """Property tests of the EP built on the testing kit (``ep.testing``).
 
-For any generated model (arbitrary, CNN-like, transformer-like; NPU ops plus CPU-only ops that
-force partition boundaries): NPU+CPU execution matches onnxruntime CPU; compiling, saving as an
+For any generated model (arbitrary, CNN-like, transformer-like; float32 and float16; NPU ops plus
+CPU-only ops that force partition boundaries): NPU+CPU execution matches onnxruntime CPU, with
+NaN and infinities in the inputs too; compiling, saving as an
 EPContext model (embed modes 0 and 1) and reloading gives identical outputs; timing-only and
 functional runs take identical simulated cycles. CI runs them derandomized (tests/conftest.py).
 """
@@ -18,16 +19,29 @@ from hypothesis import strategies as st
 
 import ep
 from ep.testing import assert_matches_onnxruntime
-from ep.testing.strategies import feeds, models
+from ep.testing.strategies import feeds, models, npu_ops
 
 NPU = "NpuSimExecutionProvider"
 
 
-@settings(max_examples=60, deadline=None)
+# Max-type windows and reductions are left out with NaN/Inf inputs: onnxruntime's own result
+# there depends on the NaN's position and the tensor's length (docs/conformance.md).
+NONFINITE_SAFE = sorted(npu_ops() - {"MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin"})
+
+
+@settings(max_examples=150, deadline=None)
 @given(st.data())
 def test_any_model_on_npu_and_cpu_matches_onnxruntime(data):
-    model = data.draw(models(max_nodes=8), label="model")
+    model = data.draw(models(max_nodes=8, dtypes=("float32", "float16")), label="model")
     inputs = data.draw(feeds(model), label="feeds")
+    assert assert_matches_onnxruntime(model, inputs) is not None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_nan_and_inf_inputs_give_onnxruntimes_results(data):
+    model = data.draw(models(ops=NONFINITE_SAFE, dtypes=("float32", "float16")), label="model")
+    inputs = data.draw(feeds(model, nonfinite=True), label="feeds")
     assert assert_matches_onnxruntime(model, inputs) is not None
 
 
@@ -46,7 +60,7 @@ def _same(a: list[np.ndarray], b: list[np.ndarray]) -> None:
         np.testing.assert_array_equal(x, y)  # NaN equals NaN here; values bit for bit
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(st.data(), st.sampled_from(["0", "1"]))
 def test_epcontext_round_trip_gives_identical_outputs(data, embed_mode):
     model = data.draw(models(max_nodes=6), label="model")
@@ -69,7 +83,7 @@ def _cycles(model: onnx.ModelProto, inputs: dict, functional: str) -> int | None
     return session.get_run_stats().get(NPU, {}).get("cycles")
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(st.data())
 def test_timing_only_and_functional_runs_take_the_same_cycles(data):
     model = data.draw(models(max_nodes=6, cpu_ops=()), label="model")

@@ -105,3 +105,19 @@ def test_empty_inputs_run_like_onnxruntime(op):
     assert out is not None and out[0].size == 0
     if op == "Resize":
         assert "empty input" in _assignment(model)[1][NPU]
+
+
+def test_lrn_of_a_rank_3_input_is_refused_like_onnxruntime():
+    model = _model(helper.make_node("LRN", ["x"], ["y"], size=3, name="n"), (1, 3, 4), (1, 3, 4))
+    feeds = {"x": np.ones((1, 3, 4), np.float32)}
+    _ort_refuses(model, feeds)
+    assert assert_matches_onnxruntime(model, feeds) is None
+    with pytest.raises(ep.OrtError):
+        ep.InferenceSession(model.SerializeToString()).run(None, feeds)
+
+
+def test_hard_sigmoid_propagates_nan_like_onnxruntime():
+    model = _model(helper.make_node("HardSigmoid", ["x"], ["y"], name="n"), (1, 6), (1, 6))
+    x = np.array([[np.nan, np.inf, -np.inf, 0.0, 10.0, -10.0]], np.float32)
+    out = assert_matches_onnxruntime(model, {"x": x})
+    assert np.isnan(out[0][0, 0]) and _assignment(model)[0] == NPU
