@@ -1,14 +1,16 @@
 """Property tests of the EP built on the testing kit (``ep.testing``).
 
-For any generated model (arbitrary, CNN-like, transformer-like; float32 and float16; NPU ops plus
-CPU-only ops that force partition boundaries): NPU+CPU execution matches onnxruntime CPU, with
-NaN and infinities in the inputs too; compiling, saving as an
-EPContext model (embed modes 0 and 1) and reloading gives identical outputs; timing-only and
-functional runs take identical simulated cycles. CI runs them derandomized (tests/conftest.py).
+For any generated model (arbitrary, CNN-like, transformer-like; float32 and float16; NPU ops
+plus CPU-only ops that force partition boundaries; quantize/dequantize pairs): NPU+CPU
+execution matches onnxruntime CPU, with NaN and infinities in the inputs too and on any device
+config; compiling, saving as an EPContext model (embed modes 0 and 1) and reloading gives
+identical outputs; timing-only and functional runs take identical simulated cycles. CI runs them
+derandomized (tests/conftest.py).
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from hypothesis import strategies as st
 
 import ep
 from ep.testing import assert_matches_onnxruntime
-from ep.testing.strategies import feeds, models, npu_ops
+from ep.testing.strategies import device_configs, feeds, models, npu_ops
 
 NPU = "NpuSimExecutionProvider"
 
@@ -91,3 +93,17 @@ def test_timing_only_and_functional_runs_take_the_same_cycles(data):
     functional = _cycles(model, inputs, "1")
     assert functional is None or functional > 0
     assert _cycles(model, inputs, "0") == functional
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_any_device_config_gives_onnxruntimes_results(data):
+    config = data.draw(device_configs(data.draw(st.sampled_from(["npu-s", "npu-m", "os32"]))),
+                       label="config")
+    model = data.draw(models(max_nodes=6), label="model")
+    inputs = data.draw(feeds(model), label="feeds")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "device.json"
+        path.write_text(json.dumps(config.to_dict()))
+        providers = [(NPU, {"device": str(path)}), "CPUExecutionProvider"]
+        assert assert_matches_onnxruntime(model, inputs, providers) is not None
