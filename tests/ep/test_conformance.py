@@ -16,25 +16,10 @@ from onnx import TensorProto, helper
 import ep.backend
 from ep.testing import conformance
 
-SEQUENCE_FEEDS = ("ep.InferenceSession.run does not accept sequence (list) or optional feeds "
-                  "yet: the executor converts every feed with numpy (ep/framework/executor.py)")
 KNOWN_FAILURES = {
-    **{name: SEQUENCE_FEEDS for name in (
-        "test_identity_opt", "test_identity_sequence", "test_loop13_seq",
-        "test_sequence_insert_at_back", "test_sequence_insert_at_front",
-        "test_sequence_map_add_1_sequence_1_tensor",
-        "test_sequence_map_add_1_sequence_1_tensor_expanded",
-        "test_sequence_map_add_2_sequences", "test_sequence_map_add_2_sequences_expanded",
-        "test_sequence_map_extract_shapes", "test_sequence_map_extract_shapes_expanded",
-        "test_sequence_map_identity_1_sequence",
-        "test_sequence_map_identity_1_sequence_1_tensor",
-        "test_sequence_map_identity_1_sequence_1_tensor_expanded",
-        "test_sequence_map_identity_1_sequence_expanded",
-        "test_sequence_map_identity_2_sequences",
-        "test_sequence_map_identity_2_sequences_expanded")},
-    "test_shrink_soft_expanded_ver18": "a rank-0 CastLike of a Constant, folded by "
-                                       "onnxruntime's basic optimizations, reaches the NPU "
-                                       "partition as shape (1,) where its declared shape is ()",
+    "test_shrink_soft_expanded_ver18": "the NPU compiler folds the rank-0 CastLike of a Constant "
+                                       "into a partition output of shape (1,) where the graph "
+                                       "says (); the next NPU partition's loader refuses it",
 }
 MIN_ON_NPU = 450
 
