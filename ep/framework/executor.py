@@ -117,21 +117,23 @@ def type_string(elem_type: int) -> str:
         return "tensor(undefined)"
 
 
-def check_feeds(graph: GraphView, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+def check_feeds(graph: GraphView, feeds: Mapping[str, Any]) -> dict[str, Any]:
     """Validate ``feeds`` against the graph inputs with onnxruntime's messages."""
     missing = [n for n in graph.inputs if n not in feeds]
     if missing:
         raise InvalidArgument(f"Required inputs ({missing}) are missing from input feed "
                               f"({list(feeds)}).")
-    out: dict[str, np.ndarray] = {}
+    out: dict[str, Any] = {}
     for name, raw in feeds.items():
         if name not in graph.inputs:
             raise InvalidArgument(f"Invalid input name: {name}")
-        value = np.asarray(raw)
         vi = graph.value_info(name)
         if vi is None or not vi.type.HasField("tensor_type"):
-            out[name] = value
+            # Sequences (lists of arrays) and optionals go to onnxruntime as given: numpy would
+            # turn a list of equal-shape arrays into one tensor and fail on unequal ones.
+            out[name] = raw
             continue
+        value = np.asarray(raw)
         tt = vi.type.tensor_type
         try:
             actual = helper.np_dtype_to_tensor_dtype(value.dtype)

@@ -160,7 +160,9 @@ def _lrn(graph: GraphView, i: int) -> str | None:
     _, shape = graph.tensor_type(graph.nodes[i].input[0])
     if not isinstance(size, int) or size < 1 or size % 2 == 0:
         return f"size={size} not supported; size must be a positive odd integer"
-    channels = shape[1] if shape is not None and len(shape) > 1 else None
+    if shape is not None and len(shape) != 4:
+        return f"input rank {len(shape)} not supported; LRN takes (N, C, H, W)"
+    channels = shape[1] if shape is not None else None
     if isinstance(channels, int) and size > 2 * channels + 1:
         return (f"size={size} wider than the {channels} channels (at most "
                 f"{2 * channels + 1} is meaningful)")

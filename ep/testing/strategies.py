@@ -6,6 +6,8 @@ so fan-in and fan-out are random. Three kinds of shapes:
 
 - ``"arbitrary"``: 1-3 inputs of rank 1-4; elementwise ops (with broadcasting initializers),
   transposes, reshapes, concat/split, reductions, softmax, matmul;
+- in every kind, float32 models may quantize and dequantize a tensor (QuantizeLinear to int8 or
+  uint8, DequantizeLinear back); the quantized tensor may be a graph output;
 - ``"cnn"``: an ``(N, C, H, W)`` image through Conv, BatchNormalization, pools, residual adds and
   channel concats, optionally ending in GlobalAveragePool, Flatten and Gemm;
 - ``"transformer"``: a ``(B, S, D)`` sequence through MatMul + bias projections, attention-like
@@ -72,13 +74,15 @@ class _Builder:
     nodes: list[onnx.NodeProto] = field(default_factory=list)
     inits: list[onnx.TensorProto] = field(default_factory=list)
     consumed: set[str] = field(default_factory=set)
+    other_types: dict[str, int] = field(default_factory=dict)
+    """Tensors not of the model's dtype (quantized ones): never picked as operands."""
 
     @property
     def np_dtype(self) -> np.dtype:
         return np.dtype(self.dtype)
 
     def pick(self, accept: Callable[[tuple[int, ...]], bool] = lambda s: True) -> str | None:
-        names = [n for n, s in self.shapes.items() if accept(s)]
+        names = [n for n, s in self.shapes.items() if accept(s) and n not in self.other_types]
         if not names:
             return None
         return names[self.draw(st.integers(0, len(names) - 1))]
@@ -185,7 +189,7 @@ def _concat(b: _Builder) -> bool:
     x = b.pick()
     shape = b.shapes[x]
     axis = b.draw(st.integers(0, len(shape) - 1))
-    same = [n for n, s in b.shapes.items() if len(s) == len(shape)
+    same = [n for n, s in b.shapes.items() if len(s) == len(shape) and n not in b.other_types
             and all(a == c for k, (a, c) in enumerate(zip(s, shape, strict=True)) if k != axis)]
     y = same[b.draw(st.integers(0, len(same) - 1))]
     out = tuple(d + b.shapes[y][axis] if k == axis else d for k, d in enumerate(shape))
@@ -256,6 +260,22 @@ def _layernorm(b: _Builder) -> bool:
     scale = b.const((1 + 0.1 * np.arange(d)).astype(b.np_dtype))
     bias = b.const((0.05 * np.arange(d)).astype(b.np_dtype))
     b.node("LayerNormalization", [x, scale, bias], [b.shapes[x]], axis=-1, epsilon=1e-5)
+    return True
+
+
+def _qdq(b: _Builder) -> bool:
+    """QuantizeLinear to (u)int8 then DequantizeLinear back: a quantized tensor in between,
+    which may become a graph output (compared within one quantization step)."""
+    if b.dtype != "float32":  # opset 17 quantizes float32 only
+        return False
+    x = b.pick()
+    signed = b.draw(st.booleans())
+    scale = b.const(np.array(b.draw(st.sampled_from([0.01, 0.05, 0.2])), np.float32), "scale")
+    zero = b.draw(st.sampled_from([0, 3]) if signed else st.sampled_from([0, 128]))
+    zp = b.const(np.array(zero, np.int8 if signed else np.uint8), "zp")
+    (q,) = b.node("QuantizeLinear", [x, scale, zp], [b.shapes[x]])
+    b.other_types[q] = onnx.TensorProto.INT8 if signed else onnx.TensorProto.UINT8
+    b.node("DequantizeLinear", [q, scale, zp], [b.shapes[x]])
     return True
 
 
@@ -354,6 +374,7 @@ _FAMILIES: dict[str, _Family] = {
     **{op: _Family((op,), ("cnn",), _pool)
        for op in ("MaxPool", "AveragePool", "GlobalAveragePool")},
     "Head": _Family(("Flatten", "Gemm"), ("cnn",), lambda b, _: _head(b)),
+    "QDQ": _Family(("QuantizeLinear", "DequantizeLinear"), _ALL_KINDS, lambda b, _: _qdq(b)),
 }
 
 
@@ -441,7 +462,8 @@ def models(
     graph = helper.make_graph(
         b.nodes, f"{kind}_model",
         [helper.make_tensor_value_info(n, elem, s) for n, s in inputs.items()],
-        [helper.make_tensor_value_info(t, elem, b.shapes[t]) for t in sinks + extra_outputs],
+        [helper.make_tensor_value_info(t, b.other_types.get(t, elem), b.shapes[t])
+         for t in sinks + extra_outputs],
         initializer=b.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                               ir_version=8, producer_name="ep.testing.strategies")

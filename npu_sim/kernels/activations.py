@@ -122,7 +122,9 @@ def _sigmoid_finish(x, e):  # pragma: no cover - numba
 @njit(cache=True, error_model="numpy")
 def _hard_sigmoid(x, out, alpha, beta):  # pragma: no cover - numba
     for i in range(x.size):
-        out[i] = min(1.0, max(0.0, alpha * x[i] + beta))
+        v = alpha * x[i] + beta
+        # NaN propagates as in onnxruntime (min/max would drop it: comparisons with NaN fail).
+        out[i] = v if v != v else min(1.0, max(0.0, v))
 
 
 @njit(cache=True, error_model="numpy")

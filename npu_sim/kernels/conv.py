@@ -339,8 +339,9 @@ def conv_nd(
         view = x5[:, :, :: st3[0], :: st3[1], :: st3[2]][:, :, : out3[0], : out3[1], : out3[2]]
         w2 = w.reshape(m, c)
         y = np.empty((n, m, pixels), x.dtype)
-        for i in range(n):  # 2-D products: numpy hands those to BLAS without a batch loop
-            np.matmul(w2, view[i].reshape(c, pixels), out=y[i])
+        with np.errstate(all="ignore"):  # inf/NaN inputs give inf/NaN, not warnings
+            for i in range(n):  # 2-D products: numpy hands those to BLAS without a batch loop
+                np.matmul(w2, view[i].reshape(c, pixels), out=y[i])
         return y.reshape((n, m) + win.out)
     if group > 1 and w.shape[1] == 1:
         y5 = np.zeros((n, m) + out3, x.dtype)

@@ -16,23 +16,8 @@ from onnx import TensorProto, helper
 import ep.backend
 from ep.testing import conformance
 
-SEQUENCE_FEEDS = ("ep.InferenceSession.run does not accept sequence (list) or optional feeds "
-                  "yet: the executor converts every feed with numpy (ep/framework/executor.py)")
-KNOWN_FAILURES = {
-    **{name: SEQUENCE_FEEDS for name in (
-        "test_identity_opt", "test_identity_sequence", "test_loop13_seq",
-        "test_sequence_insert_at_back", "test_sequence_insert_at_front",
-        "test_sequence_map_add_1_sequence_1_tensor",
-        "test_sequence_map_add_1_sequence_1_tensor_expanded",
-        "test_sequence_map_add_2_sequences", "test_sequence_map_add_2_sequences_expanded",
-        "test_sequence_map_extract_shapes", "test_sequence_map_extract_shapes_expanded",
-        "test_sequence_map_identity_1_sequence",
-        "test_sequence_map_identity_1_sequence_1_tensor",
-        "test_sequence_map_identity_1_sequence_1_tensor_expanded",
-        "test_sequence_map_identity_1_sequence_expanded",
-        "test_sequence_map_identity_2_sequences",
-        "test_sequence_map_identity_2_sequences_expanded")},
-}
+KNOWN_FAILURES: dict[str, str] = {}
+"""Cases onnxruntime passes that ep fails, with the reason: none at present."""
 MIN_ON_NPU = 450
 
 

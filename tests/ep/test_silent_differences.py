@@ -105,3 +105,37 @@ def test_empty_inputs_run_like_onnxruntime(op):
     assert out is not None and out[0].size == 0
     if op == "Resize":
         assert "empty input" in _assignment(model)[1][NPU]
+
+
+def test_lrn_of_a_rank_3_input_is_refused_like_onnxruntime():
+    model = _model(helper.make_node("LRN", ["x"], ["y"], size=3, name="n"), (1, 3, 4), (1, 3, 4))
+    feeds = {"x": np.ones((1, 3, 4), np.float32)}
+    _ort_refuses(model, feeds)
+    assert assert_matches_onnxruntime(model, feeds) is None
+    with pytest.raises(ep.OrtError):
+        ep.InferenceSession(model.SerializeToString()).run(None, feeds)
+
+
+def test_hard_sigmoid_propagates_nan_like_onnxruntime():
+    model = _model(helper.make_node("HardSigmoid", ["x"], ["y"], name="n"), (1, 6), (1, 6))
+    x = np.array([[np.nan, np.inf, -np.inf, 0.0, 10.0, -10.0]], np.float32)
+    out = assert_matches_onnxruntime(model, {"x": x})
+    assert np.isnan(out[0][0, 0]) and _assignment(model)[0] == NPU
+
+
+@pytest.mark.parametrize("shapes", [[(2, 3), (2, 3)], [(2, 3), (4,)]])
+def test_sequence_feeds_reach_onnxruntime_as_sequences(shapes):
+    # numpy turned equal-shape lists into one tensor (refused) and unequal ones into a raw
+    # ValueError.
+    seq = helper.make_tensor_sequence_value_info("s", F, None)
+    graph = helper.make_graph(
+        [helper.make_node("SequenceLength", ["s"], ["n"]),
+         helper.make_node("SequenceAt", ["s", "n1"], ["last"])], "g", [seq],
+        [helper.make_tensor_value_info("n", TensorProto.INT64, ()),
+         helper.make_tensor_value_info("last", F, None)],
+        initializer=[numpy_helper.from_array(np.array(-1, np.int64), "n1")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=8)
+    feeds = {"s": [np.full(s, k, np.float32) for k, s in enumerate(shapes)]}
+    out = assert_matches_onnxruntime(model, feeds)
+    assert out[0] == 2 and out[1].shape == shapes[1]
