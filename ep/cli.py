@@ -24,7 +24,7 @@ from ep.errors import OrtError
 from ep.npusim.binary import ContextBinary, SectionEntry, SectionKind
 from firmware_model import commands as fc
 from firmware_model.program import AttrValue, Program, Region
-from npu_sim.errors import InvalidCommand
+from npu_sim.errors import InvalidCommand, NpuSimError
 
 Handler = Callable[[argparse.Namespace, TextIO], int]
 
@@ -36,8 +36,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler = args.handler
     try:
         return handler(args, sys.stdout)
-    except OrtError as exc:
-        print(f"npu-sim {args.command}: {exc.message}", file=sys.stderr)
+    except (OrtError, NpuSimError, OSError) as exc:
+        # A model or file error: one line, no traceback (unless --debug), exit status 1.
+        if args.debug:
+            raise
+        message = exc.message if isinstance(exc, OrtError) else \
+            f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.filename \
+            else str(exc)
+        print(f"npu-sim {args.command}: {message}", file=sys.stderr)
         return 1
 
 
@@ -45,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand registered."""
     parser = argparse.ArgumentParser(
         prog="npu-sim", description="Tools for the simulated NPU and its execution provider.")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
     _add_run(commands)
     _add_inspect(commands)
@@ -71,17 +79,17 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace, out: TextIO) -> int:
     import numpy as np
-    import onnx
     import onnxruntime as ort
 
     from ep import InferenceSession
+    from ep.framework.pipeline import load_model
     from ep.models import DEFAULT_MODEL_NAME, sample_input, tiny_cnn
 
     if args.model is None:
         model, label = tiny_cnn(), f"{DEFAULT_MODEL_NAME} (bundled)"
         source: str | bytes = model.SerializeToString()
     else:
-        model, label, source = onnx.load(args.model), args.model, args.model
+        model, label, source = load_model(args.model, {})[0], args.model, args.model
     options = {"device": args.device, "functional": "0" if args.timing_only else "1"}
     session = InferenceSession(source, providers=[("NpuSimExecutionProvider", options)])
     feeds = sample_input(model, args.seed)
@@ -97,10 +105,13 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     for name, stats in session.get_run_stats().items():
         if not isinstance(stats, dict) or "cycles" not in stats:
             continue
-        print(f"{name} {stats['node']}: {stats['cycles']:,} cycles = "
-              f"{stats['microseconds']:.1f} us simulated", file=out)
+        print(f"{name}: {stats['cycles']:,} cycles = {stats['microseconds']:.1f} us simulated "
+              f"over {len(stats.get('partitions', {}))} partition(s)", file=out)
         busy = ", ".join(f"{engine} {100 * u:.0f}%" for engine, u in stats["utilization"].items())
         print(f"  utilization: {busy}", file=out)
+        for part, figures in stats.get("partitions", {}).items():
+            print(f"  {part}: {figures['cycles']:,} cycles = {figures['microseconds']:.1f} us",
+                  file=out)
     if args.timing_only:
         return 0
 

@@ -420,7 +420,7 @@ class LoadedProgram:
                                              + (f"shape {shape} {dtype}"
                                                 if isinstance(array, np.ndarray)
                                                 else type(array).__name__))
-            out.append(np.ascontiguousarray(array))
+            out.append(np.require(array, requirements="C"))  # 0-d stays 0-d
         return out
 
     def unload(self) -> None:

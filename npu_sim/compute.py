@@ -170,7 +170,7 @@ class Compute:
             # change in between, nor alias the memory it is written to.
             if any(a is not None and np.may_share_memory(value, a) for a in arrays):
                 value = value.copy()
-            checked.append(np.ascontiguousarray(value))
+            checked.append(np.require(value, requirements="C"))  # 0-d stays 0-d
         return checked
 
     def _load(self, address: int, spec: TensorSpec) -> np.ndarray:

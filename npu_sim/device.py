@@ -94,14 +94,16 @@ class Device:
         """Copy all of ``host_array`` to ``dst`` at ``dst_offset``; an event for its arrival."""
         array = self._host_array(host_array, writable=False)
         self._check_range(dst, dst_offset, array.nbytes, "dst")
-        return self._copy_host(array, dst.address + dst_offset, to_device=True, deps=deps)
+        return self._copy_host(array, dst.address + dst_offset, to_device=True,
+                               deps=self._events(deps))
 
     def memcpy_d2h_async(self, host_array: np.ndarray, src: DeviceBuffer, src_offset: int = 0,
                          *, deps: Sequence[simpy.Event] = ()) -> simpy.Event:
         """Fill ``host_array`` from ``src`` at ``src_offset``; an event for its arrival."""
         array = self._host_array(host_array, writable=True)
         self._check_range(src, src_offset, array.nbytes, "src")
-        return self._copy_host(array, src.address + src_offset, to_device=False, deps=deps)
+        return self._copy_host(array, src.address + src_offset, to_device=False,
+                               deps=self._events(deps))
 
     def memcpy_d2d_async(self, dst: DeviceBuffer, src: DeviceBuffer, nbytes: int,
                          dst_offset: int = 0, src_offset: int = 0,
@@ -110,7 +112,7 @@ class Device:
         self._check_range(src, src_offset, nbytes, "src")
         self._check_range(dst, dst_offset, nbytes, "dst")
         return self.dma.transfer(src.address + src_offset, dst.address + dst_offset, nbytes,
-                                 deps=deps)
+                                 deps=self._events(deps))
 
     def synchronize(self) -> None:
         """Run the clock until nothing is left to happen (every queued copy and command).
@@ -133,10 +135,28 @@ class Device:
         done.callbacks.append(lambda _: self.host_map.unmap(iova))
         return done
 
+    def _events(self, deps: Any) -> list[simpy.Event]:
+        """``deps`` as a list of this device's events, or :class:`DmaFault` naming the culprit."""
+        try:
+            events = list(deps)
+        except TypeError:
+            raise DmaFault("npu.dma", f"deps must be a sequence of events of this device, got "
+                                      f"{type(deps).__name__}") from None
+        for k, event in enumerate(events):
+            if not isinstance(event, simpy.Event) or event.env is not self.env:
+                what = "an event of another device" if isinstance(event, simpy.Event) else \
+                    f"{type(event).__name__} {event!r}"
+                raise DmaFault("npu.dma", f"deps[{k}] is {what}; expected an event returned by "
+                                          f"this device")
+        return events
+
     def _host_array(self, array: Any, *, writable: bool) -> np.ndarray:
         if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
             raise DmaFault("npu.dma", f"host array must be a C-contiguous numpy array, got "
                                       f"{type(array).__name__}")
+        if array.dtype.hasobject or array.dtype.kind in "OUS":
+            raise DmaFault("npu.dma", f"host array of dtype {array.dtype} holds Python objects "
+                                      "or strings; DMA moves numeric arrays (bool, ints, floats)")
         if writable and not array.flags.writeable:
             raise DmaFault("npu.dma", "host array is read-only; a d2h copy needs to write it")
         return array

@@ -113,3 +113,32 @@ def test_trace_recorder_ids_deps_and_validation():
         tr.record("sync", "x", "npu", "n", 0, 1, deps=[7])
     tr.clear()
     assert len(tr) == 0 and tr.record("sync", "x", "npu", "n", 0, 0) == 2
+
+
+def _other_device_event():
+    other = Device("npu-s")
+    return other.memcpy_h2d_async(other.malloc(64), np.zeros(4, np.float32))
+
+
+@pytest.mark.parametrize(("call", "text"), [
+    (lambda d, b: d.memcpy_h2d_async(b, np.array([object()] * 4)), "dtype object holds Python"),
+    (lambda d, b: d.memcpy_h2d_async(b, np.array(["ab", "c"])), r"dtype <U2 holds"),
+    (lambda d, b: d.memcpy_d2h_async(np.empty(4, object), b), "dtype object holds Python"),
+    (lambda d, b: d.memcpy_h2d_async(b, np.zeros(4, np.float32), deps=[3]),
+     r"deps\[0\] is int 3; expected an event returned by this device"),
+    (lambda d, b: d.memcpy_h2d_async(b, np.zeros(4, np.float32), deps=3),
+     "deps must be a sequence of events"),
+    (lambda d, b: d.memcpy_d2d_async(b, b, 4, deps=[_other_device_event()]),
+     r"deps\[0\] is an event of another device"),
+])
+def test_bad_host_arrays_and_dependencies_are_dma_faults(dev, call, text):
+    """Never numpy's TypeError or simpy's AttributeError; the device stays usable."""
+    buf = dev.malloc(1024)
+    with pytest.raises(DmaFault, match=text):
+        call(dev, buf)
+    data = np.arange(8, dtype=np.float32)
+    arrived = dev.memcpy_h2d_async(buf, data)
+    out = np.empty_like(data)
+    dev.memcpy_d2h_async(out, buf, deps=[arrived])
+    dev.synchronize()
+    np.testing.assert_array_equal(out, data)

@@ -30,7 +30,7 @@ from .epcontext import (
     is_folder_path,
     parse_ep_context_node,
 )
-from .files import atomic_write
+from .files import atomic_write, remove_stale_temporaries
 from .graph import GraphView
 from .options import (
     EP_CONTEXT_EMBED_MODE,
@@ -234,6 +234,8 @@ class ContextWriter:
             raise InvalidArgument(f"cannot write the EPContext model {str(self.output_path)!r}: "
                                   f"folder {str(folder)!r} does not exist")
         self.binary_folder = binary_folder or folder
+        for place in {folder, self.binary_folder}:
+            remove_stale_temporaries(place)  # what a writer killed mid-generation left
         self._existing = set(os.listdir(self.binary_folder))
         self._existing_outputs = {p for p in self._outputs() if p.exists()}
 

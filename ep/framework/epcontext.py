@@ -251,15 +251,21 @@ def resolve_context_file(relative: bytes | str, folder: Path, *, node: str) -> P
     if os.path.isabs(text) or Path(text).drive:
         raise load_error(f"{where} {text!r} is an absolute path; it must be relative to the "
                          f"model folder {str(folder)!r}")
-    root = folder.resolve()
-    target = (root / text).resolve()
-    if target != root and root not in target.parents:
-        raise load_error(f"{where} {text!r} resolves to {str(target)!r}, outside the model "
-                         f"folder {str(root)!r}")
-    if not target.exists():
-        raise load_error(f"{where}: context binary {str(target)!r} does not exist")
-    if not target.is_file():
-        raise load_error(f"{where}: {str(target)!r} is not a file")
-    if target.stat().st_size == 0:
-        raise load_error(f"{where}: context binary {str(target)!r} is empty")
+    if "\0" in text:
+        raise load_error(f"{where} {text!r} contains a NUL byte; expected a file path")
+    try:
+        root = folder.resolve()
+        target = (root / text).resolve()
+        if target != root and root not in target.parents:
+            raise load_error(f"{where} {text!r} resolves to {str(target)!r}, outside the model "
+                             f"folder {str(root)!r}")
+        if not target.exists():
+            raise load_error(f"{where}: context binary {str(target)!r} does not exist")
+        if not target.is_file():
+            raise load_error(f"{where}: {str(target)!r} is not a file")
+        if target.stat().st_size == 0:
+            raise load_error(f"{where}: context binary {str(target)!r} is empty")
+    except (OSError, RuntimeError, ValueError) as exc:  # too long, symlink loop, ...
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise load_error(f"{where} {text[:200]!r} cannot be opened: {reason}") from None
     return target

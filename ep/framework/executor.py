@@ -36,10 +36,38 @@ class PlanExecutor:
         self.graph = graph
         self.plan = plan
         self.compiled = dict(compiled)
-        self._last_use: dict[str, int] = {}
+        self._producer: dict[str, int] = {}
         for k, part in enumerate(plan.partitions):
-            for name in part.inputs:
-                self._last_use[name] = k
+            for name in part.outputs:
+                self._producer[name] = k
+        self._plans: dict[tuple[str, ...], tuple[list[int], dict[str, int]]] = {}
+        self.last_ran: list[str] = []
+        """Names of the partitions the latest run executed, in order."""
+
+    def _schedule(self, wanted: tuple[str, ...]) -> tuple[list[int], dict[str, int]]:
+        """The partitions ``wanted`` needs (every one that produces, directly or through others,
+        a wanted output), in plan order, and where each tensor is last read among them. Partial
+        runs (``run(output_names=[...])``) execute only these, as PPLNN's partial execution
+        does; cached per output set."""
+        cached = self._plans.get(wanted)
+        if cached is not None:
+            return cached
+        needed: set[int] = set()
+        pending = [self._producer[n] for n in wanted if n in self._producer]
+        while pending:
+            k = pending.pop()
+            if k in needed:
+                continue
+            needed.add(k)
+            pending.extend(self._producer[n] for n in self.plan.partitions[k].inputs
+                           if n in self._producer)
+        order = sorted(needed)
+        last_use: dict[str, int] = {}
+        for k in order:
+            for name in self.plan.partitions[k].inputs:
+                last_use[name] = k
+        self._plans[wanted] = (order, last_use)
+        return order, last_use
 
     def run(
         self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str] | None = None
@@ -52,9 +80,13 @@ class PlanExecutor:
                 raise InvalidArgument(f"Invalid output name:{name}")
         env = check_feeds(graph, feeds)
         keep = set(wanted)
-        for k, part in enumerate(self.plan.partitions):
+        order, last_use = self._schedule(tuple(wanted))
+        self.last_ran = []
+        for k in order:
+            part = self.plan.partitions[k]
             if not part.outputs:
                 continue
+            self.last_ran.append(part.name)
             args = [self._value(env, name) for name in part.inputs]
             results = self.compiled[part.name].run(args)
             if len(results) != len(part.outputs):
@@ -64,7 +96,7 @@ class PlanExecutor:
                 )
             env.update(zip(part.outputs, results, strict=True))
             for name in part.inputs:
-                if self._last_use[name] == k and name not in keep:
+                if last_use[name] == k and name not in keep:
                     env.pop(name, None)
         return [self._value(env, name) for name in wanted]
 

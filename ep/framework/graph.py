@@ -34,6 +34,7 @@ from npu_sim import dtypes
 from npu_sim.errors import ConfigError
 
 from ..errors import InvalidGraph
+from .shapes import infer_shapes
 
 Shape = tuple[int | str | None, ...]
 
@@ -270,7 +271,7 @@ def _apply_dim_overrides(graph: onnx.GraphProto, overrides: Mapping[str, int]) -
 
 def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     try:
-        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+        return infer_shapes(model)
     except onnx.shape_inference.InferenceError as exc:
         raise InvalidGraph(f"shape inference failed: {exc}") from None
     except (ValueError, onnx.checker.ValidationError):

@@ -30,6 +30,7 @@ import onnx
 from ..errors import Fail, InvalidArgument, InvalidGraph
 from .context_writer import ContextWriter, InitializerLocator
 from .epcontext import is_folder_path, output_exists_error, planned_output_path
+from .files import temp_prefix
 from .graph import GraphView
 from .options import (
     EP_CONTEXT_EMBED_MODE,
@@ -167,9 +168,12 @@ class ModelCompiler:
                 return out.read_bytes()
         anchor = self._binary_anchor or planned_output_path(self._options.config_entries(),
                                                             self._input_path())
-        with tempfile.TemporaryDirectory(dir=anchor.parent, prefix=".npusim-") as tmp:
+        with tempfile.TemporaryDirectory(dir=anchor.parent, prefix=temp_prefix()) as tmp:
             out = Path(tmp) / anchor.name
             self._compile(out, binary_anchor=anchor)
+            if self._external is not None:  # the model's bytes refer to it beside the anchor
+                target = anchor.parent / self._external
+                os.replace(Path(tmp) / self._external, target)
             return out.read_bytes()
 
     def compile_to_stream(self, write_function: Callable[[bytes], Any]) -> None:

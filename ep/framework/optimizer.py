@@ -8,38 +8,45 @@ overrides. Every provider, the NPU included, therefore partitions the simplified
 than re-implement those rewrites, :func:`optimize` asks onnxruntime itself: a CPU session at
 ``ORT_ENABLE_BASIC`` with ``optimized_model_filepath`` writes the graph it would partition.
 
-Two rules keep it safe:
+What onnxruntime is shown is the model without its weights. Every initializer of
+:data:`WEIGHT_BYTES` or more becomes a typed graph input of the copy it optimizes, and goes back
+as the same initializer afterwards. So:
 
-* **No weight is stored twice.** Constant folding makes new initializers. When a large weight
-  has several consumers (a tied embedding read by ``Gather`` and, transposed, by the output
-  projection), folding one consumer's path would keep the original *and* a transformed copy.
-  Such weights are shielded: presented to onnxruntime as graph inputs, so nothing derived from
-  them folds, and restored as initializers afterwards.
-* **Best effort, never a failure.** A model onnxruntime's CPU provider cannot load (an operator
-  it lacks, an ``EPContext`` node, a custom domain) is partitioned as it is: the optimizations
-  are a simplification, and the session's own checks report what is really wrong.
+* **no weight is ever stored twice.** Folding a path from a weight makes a new initializer
+  beside the old one whenever the weight has another consumer (a tied embedding read by
+  ``Gather`` and, transposed, by the output projection): a 475 MiB GPT-2 then needs 618 MiB.
+  Weights are not folded here; each provider folds what it runs (the NPU compiler folds
+  constant transposes, batch norms and dequantization into the weights it stores, onnxruntime's
+  CPU sessions optimize their partitions);
+* shape arithmetic, scalars and small constants fold exactly as in ONNX Runtime;
+* the cost is onnxruntime's on a graph of kilobytes, not a copy and a re-parse of gigabytes.
+
+The optimization is best effort: a model onnxruntime's CPU provider cannot load (an operator it
+lacks, an ``EPContext`` node, a custom domain) is partitioned as it is, and the session's own
+checks then report what is really wrong.
 """
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import onnx
 import onnxruntime as ort
-from onnx import helper
+from onnx import helper, numpy_helper
 
-SHIELD_BYTES = 1024
-"""Initializers at least this large with more than one consumer are never folded."""
+from npu_sim.errors import KernelError
+from npu_sim.kernels import limits
+
+from .shapes import WEIGHT_BYTES, without_weights
 
 _STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
 
 
 def optimize(model: onnx.ModelProto, level: int,
              free_dims: Mapping[str, int] | None = None) -> onnx.ModelProto:
-    """The graph onnxruntime would partition at optimization ``level`` (0: ``model`` itself).
+    """The graph onnxruntime would partition at optimization ``level`` (below basic: ``model``).
 
     Levels above basic apply only the basic transformers here: the extended and layout ones
     rewrite into contrib operators for onnxruntime's own kernels, which ONNX Runtime applies
@@ -47,7 +54,8 @@ def optimize(model: onnx.ModelProto, level: int,
     """
     if int(level) < int(ort.GraphOptimizationLevel.ORT_ENABLE_BASIC) or not _optimizable(model):
         return model
-    shielded = _shield_shared_weights(model)
+    light, weights = without_weights(model, WEIGHT_BYTES)
+    generators = _hide_generated_weights(light)
     with tempfile.TemporaryDirectory(prefix="npusim-opt-") as tmp:
         target = Path(tmp) / "optimized.onnx"
         options = ort.SessionOptions()
@@ -55,119 +63,126 @@ def optimize(model: onnx.ModelProto, level: int,
         options.optimized_model_filepath = str(target)
         options.log_severity_level = 4
         options.intra_op_num_threads = 1
-        options.add_session_config_entry(
-            "session.optimized_model_external_initializers_file_name", "optimized.data")
-        options.add_session_config_entry(
-            "session.optimized_model_external_initializers_min_size_in_bytes", "1024")
         for name, value in (free_dims or {}).items():
             options.add_free_dimension_override_by_name(name, int(value))
         try:
-            ort.InferenceSession(_serialize(shielded.model, Path(tmp)), options,
+            ort.InferenceSession(light.SerializeToString(), options,
                                  providers=["CPUExecutionProvider"])
-            optimized = onnx.load(str(target), load_external_data=True)
+            optimized = onnx.load(str(target))
         except Exception:  # onnxruntime cannot load it: partition the model as given
             return model
-    return _tidy_inputs(shielded.restore(optimized, model), model)
+    return _restore(optimized, model, weights, generators)
 
 
-def _tidy_inputs(optimized: onnx.ModelProto, source: onnx.ModelProto) -> onnx.ModelProto:
-    """Graph inputs as the source declares them, less the initializers folding removed: an
-    initializer listed as a graph input (IR < 4 models) whose consumers were folded away is
-    gone from the optimized model, but onnxruntime leaves its input entry behind."""
-    initialized = {t.name: t for t in optimized.graph.initializer}
-    required = {i.name for i in source.graph.input} - {t.name for t in source.graph.initializer}
-    kept = []
-    for entry in optimized.graph.input:
-        if entry.name in required:
-            kept.append(entry)
-        elif entry.name in initialized:  # typed by its initializer: onnxruntime drops the shape
-            tensor = initialized[entry.name]
-            kept.append(helper.make_tensor_value_info(entry.name, tensor.data_type,
-                                                      list(tensor.dims)))
-    del optimized.graph.input[:]
-    optimized.graph.input.extend(kept)
-    # IR 3 requires every initializer to be a graph input; onnxruntime's output does not list
-    # them, which IR 4 (initializers need not be inputs) describes exactly.
-    optimized.ir_version = max(optimized.ir_version, 4)
-    # onnxruntime imports every domain it knows; keep the source's, and any a rewrite used.
-    used = {n.domain for n in optimized.graph.node}
-    known = {o.domain for o in source.opset_import}
-    opsets = [o for o in optimized.opset_import if o.domain in known or o.domain in used]
-    del optimized.opset_import[:]
-    optimized.opset_import.extend(opsets)
-    return optimized
+def _hide_generated_weights(light: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Take out of ``light`` the nodes that generate a weight from a constant shape
+    (``ConstantOfShape`` of at least :data:`WEIGHT_BYTES`, as some exporters write weights), so
+    that onnxruntime does not materialize them; their outputs become typed graph inputs. Returns
+    the nodes taken out."""
+    shapes = {t.name: t for t in light.graph.initializer
+              if t.data_type == onnx.TensorProto.INT64 and len(t.dims) == 1}
+    generators, kept = [], []
+    for node in light.graph.node:
+        shape = shapes.get(node.input[0]) if node.op_type == "ConstantOfShape" and \
+            node.domain in ("", "ai.onnx") and node.input else None
+        value = next((a.t for a in node.attribute if a.name == "value"), None)
+        elem = value.data_type if value is not None else onnx.TensorProto.FLOAT
+        if shape is None or elem == onnx.TensorProto.STRING:
+            kept.append(node)
+            continue
+        dims = numpy_helper.to_array(shape).tolist()
+        itemsize = helper.tensor_dtype_to_np_dtype(elem).itemsize
+        count = 1
+        for d in dims:
+            count *= max(int(d), 0)
+        if count * itemsize < WEIGHT_BYTES:
+            kept.append(node)
+            continue
+        generators.append(node)
+        light.graph.input.append(helper.make_tensor_value_info(node.output[0], elem, dims))
+    if generators:
+        del light.graph.node[:]
+        light.graph.node.extend(kept)
+    return generators
 
 
 def _optimizable(model: onnx.ModelProto) -> bool:
     """Whether onnxruntime's CPU provider could load the whole model: standard domains only
-    (no EPContext nodes, no custom operators)."""
-    domains = {n.domain for n in model.graph.node}
-    return domains <= set(_STANDARD_DOMAINS) and model.graph.node
-
-
-def _serialize(model: onnx.ModelProto, folder: Path) -> str | bytes:
-    """Bytes for onnxruntime; a file (with external data) when the model passes protobuf's
-    2 GiB limit."""
-    if model.ByteSize() < (1 << 31) - (1 << 20):
-        return model.SerializeToString()
-    path = folder / "source.onnx"
-    onnx.save(model, str(path), save_as_external_data=True, location="source.data")
-    return os.fspath(path)
-
-
-class _Shielded:
-    """A copy of a model whose shared large weights are graph inputs, and how to undo it."""
-
-    def __init__(self, model: onnx.ModelProto, names: list[str]) -> None:
-        self.model = model
-        self.names = names
-
-    def restore(self, optimized: onnx.ModelProto, source: onnx.ModelProto) -> onnx.ModelProto:
-        """``optimized`` with the shielded weights initializers again, as in ``source``."""
-        if not self.names:
-            return optimized
-        wanted = set(self.names)
-        originals = {t.name: t for t in source.graph.initializer if t.name in wanted}
-        declared = {i.name for i in source.graph.input}
-        kept = [i for i in optimized.graph.input if i.name not in wanted or i.name in declared]
-        del optimized.graph.input[:]
-        optimized.graph.input.extend(kept)
-        used = {i for node in optimized.graph.node for i in node.input} | \
-            {o.name for o in optimized.graph.output}
-        optimized.graph.initializer.extend(originals[n] for n in self.names if n in used)
-        return optimized
-
-
-def _shield_shared_weights(model: onnx.ModelProto) -> _Shielded:
-    consumers: dict[str, int] = {}
+    (no EPContext nodes, no custom operators) and no subgraph attributes, whose outer-scope
+    weights would be hidden from it."""
+    if not model.graph.node:
+        return False
+    sizes = {t.name: t for t in model.graph.initializer
+             if t.data_type == onnx.TensorProto.INT64 and len(t.dims) == 1}
     for node in model.graph.node:
-        for name in set(node.input):
-            consumers[name] = consumers.get(name, 0) + 1
-    names = [t.name for t in model.graph.initializer
-             if consumers.get(t.name, 0) > 1 and _nbytes(t) >= SHIELD_BYTES]
-    if not names:
-        return _Shielded(model, [])
-    shielded = onnx.ModelProto()
-    shielded.CopyFrom(model)
-    wanted = set(names)
-    kept = [t for t in shielded.graph.initializer if t.name not in wanted]
-    inits = {t.name: t for t in shielded.graph.initializer if t.name in wanted}
-    del shielded.graph.initializer[:]
-    shielded.graph.initializer.extend(kept)
-    declared = {i.name for i in shielded.graph.input}
-    shielded.graph.input.extend(
-        helper.make_tensor_value_info(n, inits[n].data_type, list(inits[n].dims))
-        for n in names if n not in declared)
-    return _Shielded(shielded, names)
+        if node.domain not in _STANDARD_DOMAINS:
+            return False
+        if node.op_type in _SIZED_BY_VALUE and _too_large(node, sizes):
+            return False
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+               for a in node.attribute):
+            return False
+    return True
 
 
-def _nbytes(tensor: onnx.TensorProto) -> int:
-    """The tensor's size in bytes (0 for a type numpy has no size for)."""
+_SIZED_BY_VALUE = {"ConstantOfShape": 0, "Expand": 1}
+"""Ops whose output shape is an input's value: folding a huge one would allocate it."""
+
+
+def _too_large(node: onnx.NodeProto, shapes: Mapping[str, onnx.TensorProto]) -> bool:
+    """Whether folding ``node`` would make a tensor over the kernels' size limit; such a model
+    is left to the providers, whose kernels refuse it with a typed error."""
+    index = _SIZED_BY_VALUE[node.op_type]
+    tensor = shapes.get(node.input[index]) if len(node.input) > index else None
+    if tensor is None:
+        return False
     try:
-        itemsize = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-    except (KeyError, ValueError, TypeError):
-        return 0
-    count = 1
-    for d in tensor.dims:
-        count *= int(d)
-    return count * itemsize
+        limits.check_elements(node.op_type, "output", numpy_helper.to_array(tensor).tolist())
+    except (KernelError, ValueError, TypeError):
+        return True
+    return False
+
+
+def _restore(optimized: onnx.ModelProto, source: onnx.ModelProto,
+             weights: Mapping[str, int], generators: list[onnx.NodeProto]) -> onnx.ModelProto:
+    """``optimized`` with the source's weights back as initializers and its weight generators
+    as nodes, graph inputs as the source declares them (less initializers folding removed), and
+    the source's opset imports."""
+    graph = optimized.graph
+    used = {i for node in graph.node for i in node.input} | {o.name for o in graph.output}
+    wanted = [n for n in generators if n.output[0] in used]
+    if wanted:
+        nodes = [*wanted, *graph.node]
+        del graph.node[:]
+        graph.node.extend(nodes)
+        shape_inputs = {n.input[0] for n in wanted}
+        missing = shape_inputs - {t.name for t in graph.initializer}
+        graph.initializer.extend(t for t in source.graph.initializer if t.name in missing)
+        used |= shape_inputs
+    graph.initializer.extend(source.graph.initializer[k] for name, k in weights.items()
+                             if name in used)
+    initialized = {t.name: t for t in graph.initializer}
+    required = {i.name for i in source.graph.input} - {t.name for t in source.graph.initializer}
+    declared = {i.name for i in source.graph.input}
+    inputs = []
+    for entry in graph.input:
+        if entry.name in required:
+            inputs.append(entry)
+        elif entry.name in initialized and entry.name in declared:
+            # An overridable initializer (IR < 4 lists them all): typed by its initializer,
+            # since onnxruntime writes the input without a shape.
+            tensor = initialized[entry.name]
+            inputs.append(helper.make_tensor_value_info(entry.name, tensor.data_type,
+                                                        list(tensor.dims)))
+    del graph.input[:]
+    graph.input.extend(inputs)
+    # IR 3 requires every initializer to be a graph input; onnxruntime's output does not list
+    # them, which IR 4 (initializers need not be inputs) describes exactly.
+    optimized.ir_version = max(optimized.ir_version, 4)
+    # onnxruntime imports every domain it knows; keep the source's, and any a rewrite used.
+    used_domains = {n.domain for n in graph.node}
+    known = {o.domain for o in source.opset_import}
+    opsets = [o for o in optimized.opset_import if o.domain in known or o.domain in used_domains]
+    del optimized.opset_import[:]
+    optimized.opset_import.extend(opsets)
+    return optimized

@@ -44,6 +44,7 @@ from .options import DISABLE_MODEL_COMPILE, EXTERNAL_INITIALIZERS_FOLDER, config
 from .partitioner import CPU, PartitionPlan, partition
 from .provider import CompiledNode, ExecutionProvider
 from .registry import build_providers
+from .tensors import check_model_tensors
 
 Wrap = Callable[[CompiledNode, str, str], CompiledNode]
 """Wraps each compiled node (the session's profiler times partitions this way)."""
@@ -85,6 +86,7 @@ def construct(
     loaded without generating (ONNX Runtime's sessions skip generation for it), or, given
     ``already_compiled``, that error is raised."""
     source, model_path = load_model(path_or_bytes, config)
+    check_model_tensors(source)
     writer = make_writer(model_path)
     provider_config = writer.provider_config() if writer is not None else dict(config)
     providers = build_providers(provider_specs, provider_config, model_path)
@@ -158,10 +160,9 @@ def check_compile_allowed(graph: GraphView, plan: PartitionPlan,
         fresh = [graph.names[i] for i in part.nodes if not is_ep_context_node(graph.nodes[i])]
         if fresh:
             raise ModelRequiresCompilation(
-                "The model requires compilation by an execution provider, but compilation "
-                f"was disabled via session options ({DISABLE_MODEL_COMPILE}=1): "
-                f"{part.provider} would compile nodes {fresh}. Load the EPContext model "
-                "made by ModelCompiler instead."
+                f"User disabled EP compilation but EP '{part.provider}' needs to compile one or "
+                f"more nodes. ({DISABLE_MODEL_COMPILE}=1; nodes {fresh}: load the EPContext "
+                "model made by ModelCompiler instead.)"
             )
 
 

@@ -128,6 +128,14 @@ class ExecutionProvider(ABC):
         ``SessionOptions.add_free_dimension_override_by_name``; none by default."""
         return {}
 
+    def on_run_start(self) -> None:
+        """Called before each session run (ONNX Runtime's ``OnRunStart``); nothing by default."""
+        return None
+
+    def on_run_end(self) -> None:
+        """Called after each session run, also a failed one (``OnRunEnd``)."""
+        return None
+
     def run_stats(self) -> dict[str, Any]:
         """Counters from the last run (simulated cycles, utilization...); empty by default."""
         return {}

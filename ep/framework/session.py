@@ -93,7 +93,13 @@ class InferenceSession:
             run_options: Any = None) -> list[np.ndarray]:
         """Compute ``output_names`` (None or empty: every output) from ``input_feed``."""
         started = time.perf_counter()
-        result = self._executor.run(input_feed, output_names or None)
+        for provider in self._providers:
+            provider.on_run_start()
+        try:
+            result = self._executor.run(input_feed, output_names or None)
+        finally:
+            for provider in self._providers:
+                provider.on_run_end()
         self._profiler.event("model_run", "Session", started)
         return result
 

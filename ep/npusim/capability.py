@@ -31,7 +31,10 @@ MAX_OPSET = 23
 
 FLOATS = ("float32", "float16", "bfloat16")
 INTS = ("int8", "uint8", "int32", "int64")
-ALL = FLOATS + INTS
+NUMERIC = FLOATS + INTS
+BOOL = ("bool",)
+ALL = NUMERIC + BOOL
+"""Every dtype: what data movement (Reshape, Gather, Concat...) and Where/Cast accept."""
 _INFERRED = "unk__"  # prefix of the dim_params ONNX shape inference invents for unknown dims
 
 Check = Callable[[GraphView, int], "str | None"]
@@ -50,6 +53,8 @@ class OpSupport:
     since_opset: int
     until_opset: int = MAX_OPSET
     dtypes: tuple[str, ...] = FLOATS
+    output_dtypes: tuple[str, ...] | None = None
+    """Allowed dtypes of output 0 when they differ from the inputs' (a comparison's bool)."""
     check: Check | None = None
     typed_inputs: tuple[int, ...] = (0,)
     const_inputs: tuple[tuple[int, str], ...] = ()
@@ -199,6 +204,9 @@ def _const(*names: str, start: int = 1) -> tuple[tuple[int, str], ...]:
     return tuple((start + k, name) for k, name in enumerate(names))
 
 
+_COMPARISONS = ("Greater", "Less", "GreaterOrEqual", "LessOrEqual")
+
+
 _UNARY_FLOAT = ("Sigmoid", "HardSigmoid", "Tanh", "Sqrt", "Exp", "Log", "Reciprocal", "LeakyRelu")
 _REDUCE = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2")
 _SHAPE_OPS = ("Flatten", "Transpose", "Concat", "Identity")
@@ -250,6 +258,12 @@ SUPPORT_TABLE: dict[str, OpSupport] = {
     "ConvInteger": OpSupport(
         10, dtypes=("int8", "uint8", "int32"), typed_inputs=(0, 1), check=_spatial
     ),
+    **_same(_COMPARISONS, OpSupport(7, dtypes=NUMERIC, output_dtypes=BOOL,
+                                    typed_inputs=(0, 1))),
+    "Equal": OpSupport(11, dtypes=ALL, output_dtypes=BOOL, typed_inputs=(0, 1)),
+    **_same(("And", "Or", "Xor"), OpSupport(7, dtypes=BOOL, typed_inputs=(0, 1))),
+    "Not": OpSupport(1, dtypes=BOOL),
+    **_same(("IsNaN", "IsInf"), OpSupport(10, output_dtypes=BOOL)),
     "Constant": OpSupport(1, dtypes=ALL, typed_inputs=()),
     "ConstantOfShape": OpSupport(
         9, dtypes=ALL, typed_inputs=(), const_inputs=_const("input", start=0)
@@ -293,16 +307,18 @@ def _reason(graph: GraphView, i: int) -> str | None:
             f"opset {opset} not supported; supported opsets "
             f"{support.since_opset}..{support.until_opset}"
         )
-    typed = [(node.input[k], "input") for k in support.typed_inputs if k < len(node.input)]
-    typed += [(node.output[0], "output")] if node.output else []
-    for tensor, role in typed:
+    typed = [(node.input[k], "input", support.dtypes) for k in support.typed_inputs
+             if k < len(node.input)]
+    if node.output:
+        typed.append((node.output[0], "output", support.output_dtypes or support.dtypes))
+    for tensor, role, allowed in typed:
         if not tensor:
             continue
         dtype, _ = graph.tensor_type(tensor)
-        if dtype not in support.dtypes:
+        if dtype not in allowed:
             shown = "unknown" if dtype is None else dtype
             return f"dtype {shown} of {role} '{tensor}' not supported; supported: " + ", ".join(
-                support.dtypes
+                allowed
             )
     # Constant inputs first: a runtime shape or axes input is why the output shape is unknown.
     if why := _require_constant(graph, node.input, support.const_inputs):

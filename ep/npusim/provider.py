@@ -35,7 +35,7 @@ import onnx
 
 from firmware_model import Program
 from npu_sim.config import PRESETS, DeviceConfig
-from npu_sim.errors import ConfigError
+from npu_sim.errors import ConfigError, NpuSimError
 from npu_sim.hbm import ALLOCATORS
 
 from .. import errors
@@ -57,7 +57,7 @@ from ..framework.provider import (
 from . import epcontext as npu_epcontext
 from .capability import get_npu_capability
 from .compiler import CompileReport, compile_partition
-from .runtime import NpuRuntime, NpuSimCompiledNode
+from .runtime import NpuRuntime, NpuSimCompiledNode, combine_stats
 from .shared import Staged, workspace
 
 OPTION_KEYS = ("device", "functional", "allocator")
@@ -99,12 +99,12 @@ class NpuSimExecutionProvider(ExecutionProvider):
             self.runtime = workspace().runtime(key, self._new_runtime)
         else:
             self.runtime = self._new_runtime()
-        self._stats: dict[str, Any] = {}
         self._declined: tuple[GraphView, dict[int, str]] | None = None
         self._staged: Staged | None = None
         self.programs: dict[str, Program] = {}
         self.reports: dict[str, CompileReport] = {}
         self.nodes: dict[str, NpuSimCompiledNode] = {}
+        self._ran: list[str] = []  # partitions of the current (or last) session run
         # EPContext (ep/npusim/epcontext.py): nodes made at compile, binaries kept open.
         self._ep_context_nodes: list[onnx.NodeProto] = []
         self._context_binaries: list[Any] = []
@@ -162,7 +162,11 @@ class NpuSimExecutionProvider(ExecutionProvider):
             if fused.name in loaded:
                 compiled.append(self._add_context_program(fused, loaded[fused.name]))
                 continue
-            result = compile_partition(fused, self.config, dim_overrides=self.dim_overrides)
+            try:
+                result = compile_partition(fused, self.config, dim_overrides=self.dim_overrides)
+            except NpuSimError as exc:  # a bad attribute or shape found while compiling
+                raise errors.InvalidGraph(f"NpuSim: cannot compile partition {fused.name!r}: "
+                                          f"{exc}") from None
             self.reports[fused.name] = result.report
             fresh.append((fused, result.program))
             compiled.append(self.add_program(fused.name, result.program, fused.inputs))
@@ -211,15 +215,24 @@ class NpuSimExecutionProvider(ExecutionProvider):
     def add_program(self, name: str, program: Program,
                     input_names: Sequence[str] | None = None) -> NpuSimCompiledNode:
         """Load ``program`` (freshly compiled or read from a context binary) as node ``name``."""
-        node = NpuSimCompiledNode(name, program, self.runtime, input_names, self._stats)
+        node = NpuSimCompiledNode(name, program, self.runtime, input_names,
+                                  on_run=self._ran.append)
         self.programs[name] = program
         self.nodes[name] = node
         return node
 
     def run_stats(self) -> dict[str, Any]:
-        """Simulated latency of the last run (cycles, microseconds), per-engine utilization
-        (busy cycles / span for each core and DMA channel) and the device's counter deltas."""
-        return dict(self._stats)
+        """The last run of the whole model on the NPU: simulated cycles and microseconds summed
+        over every NPU partition the run executed (a partial run executes only what its outputs
+        need), per-engine utilization over that span, the device's counter deltas, and
+        ``partitions`` with each partition's own figures."""
+        runs = {name: self.nodes[name].last_stats for name in dict.fromkeys(self._ran)
+                if name in self.nodes and self.nodes[name].last_stats}
+        return combine_stats(runs, self.config)
+
+    def on_run_start(self) -> None:
+        """A session run begins: its stats are those of the partitions it runs."""
+        self._ran.clear()
 
 
 def _device_config(value: str) -> DeviceConfig:

@@ -17,7 +17,7 @@ own runs to its provider, so a session reports its runs, not another session's.
 from __future__ import annotations
 
 import threading
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -95,21 +95,53 @@ def _summarize(config: DeviceConfig, name: str, span: int, delta: dict[str, floa
     }
 
 
+def combine_stats(runs: dict[str, dict[str, Any]], config: DeviceConfig) -> dict[str, Any]:
+    """The stats of a whole model from its partitions' (name -> one run's stats): cycles,
+    microseconds, counters and any ``energy`` summed (gauges such as ``hbm.*`` as they stand
+    after the last), utilization recomputed from the summed busy counters over the summed span,
+    and ``partitions`` keeping each partition's own stats."""
+    if not runs:
+        return {}
+    span = sum(int(r.get("cycles", 0)) for r in runs.values())
+    counters: dict[str, float] = {}
+    for r in runs.values():
+        for key, value in r.get("counters", {}).items():
+            counters[key] = value if key.startswith("hbm.") else counters.get(key, 0) + value
+    total = _summarize(config, ", ".join(runs), span, counters)
+    energies = [r["energy"] for r in runs.values() if isinstance(r.get("energy"), dict)]
+    if energies:
+        total["energy"] = _sum_nested(energies)
+    total["partitions"] = {name: dict(r) for name, r in runs.items()}
+    return total
+
+
+def _sum_nested(values: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for value in values:
+        for key, item in value.items():
+            if isinstance(item, dict):
+                out[key] = _sum_nested([out.get(key, {}), item])
+            elif isinstance(item, (int, float)) and not isinstance(item, bool):
+                out[key] = out.get(key, 0) + item
+    return out
+
+
 class NpuSimCompiledNode(CompiledNode):
     """A fused node compiled to a Program and loaded on the provider's device.
 
     ``input_names`` are the fused node's inputs in the order ``run`` receives them; the program
-    takes those of them that are not constants, matched by name. ``stats``, when given, is
-    replaced by the stats of each run (how a provider sharing the device keeps its own).
+    takes those of them that are not constants, matched by name. :attr:`last_stats` holds the
+    stats of its latest run (its own, also when sessions share the device).
     """
 
     def __init__(self, name: str, program: Program, runtime: NpuRuntime,
                  input_names: Sequence[str] | None = None,
-                 stats: MutableMapping[str, Any] | None = None) -> None:
+                 on_run: Callable[[str], object] | None = None) -> None:
         self.name = name
         self.program = program
         self.runtime = runtime
-        self.stats = stats
+        self.last_stats: dict[str, Any] = {}
+        self._on_run = on_run
         with runtime.lock:
             self.loaded = runtime.load(program)
         names = [t.name for t in program.input_descs()]
@@ -133,9 +165,9 @@ class NpuSimCompiledNode(CompiledNode):
         feeds = [inputs[p] for p in self._positions]
         with self.runtime.lock:
             outputs = self.runtime.run(self.name, self.loaded, feeds)
-            if self.stats is not None:
-                self.stats.clear()
-                self.stats.update(self.runtime.last_run_stats())
+            self.last_stats = self.runtime.last_run_stats()
+        if self._on_run is not None:
+            self._on_run(self.name)
         return [o if o is not None else np.zeros(t.shape, dtypes.to_numpy(t.dtype))
                 for o, t in zip(outputs, self.program.output_descs(), strict=True)]
 

@@ -235,6 +235,8 @@ def _matmul(config, op, inputs, outputs, attrs, cores, a_i=0, b_i=1, extra=()) -
     out = spec(op, outputs, 0, "output")
     if not a.shape or not b.shape:
         raise KernelError(op, "", "MatMul operands must have rank >= 1")
+    if int(attrs.get("transB", 0)) and len(b.shape) == 2:  # B stored transposed: same work
+        b = TensorSpec(b.shape[::-1], b.dtype)
     m, k = (a.shape[-2] if len(a.shape) > 1 else 1), a.shape[-1]
     kb, n = (b.shape[-2], b.shape[-1]) if len(b.shape) > 1 else (b.shape[0], 1)
     if k != kb:

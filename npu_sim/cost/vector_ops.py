@@ -31,6 +31,9 @@ ELEMENTWISE: dict[str, float] = {
     "Div": 4, "Reciprocal": 4, "Sqrt": 4,
     "Exp": 4, "Log": 4, "Sigmoid": 4, "Tanh": 4, "Erf": 4, "Gelu": 6, "Pow": 8,
     "Cast": 2, "QuantizeLinear": 2, "DequantizeLinear": 2,
+    # Predicates: one compare or logic operation per lane.
+    "Equal": 1, "Greater": 1, "Less": 1, "GreaterOrEqual": 1, "LessOrEqual": 1,
+    "And": 1, "Or": 1, "Xor": 1, "Not": 1, "IsNaN": 1, "IsInf": 1,
 }
 VARIADIC = frozenset({"Sum", "Mean", "Min", "Max"})
 """Ops taking any number of inputs: one pass per extra input (Mean adds a final scale)."""

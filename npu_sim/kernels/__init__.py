@@ -14,6 +14,7 @@ from . import (  # noqa: F401
     conv,
     elementwise,
     gemm,
+    logic,
     norm,
     pool,
     quant,

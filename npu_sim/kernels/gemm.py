@@ -99,8 +99,16 @@ def matmul_shape(op: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) ->
 
 @kernel("MatMul")
 def matmul(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[np.ndarray]:
-    """ONNX MatMul: numpy ``matmul`` semantics (broadcast batch dims, 1-D operands)."""
+    """ONNX MatMul: numpy ``matmul`` semantics (broadcast batch dims, 1-D operands).
+
+    The compiler's ``transB=1`` (a 2-D B stored transposed, see
+    ``ep.npusim.compiler.rewrite.transposed_weights``) multiplies by ``B.T``.
+    """
     a, b = _require(inputs, 2, "MatMul")
+    if int(attrs.get("transB", 0)):
+        if b.ndim != 2:
+            raise KernelError("MatMul", "", f"transB=1 needs a 2-D B, got shape {b.shape}")
+        b = b.T
     dtype = same_dtype("MatMul", {"A": a, "B": b})
     matmul_shape("MatMul", a.shape, b.shape)
     with np.errstate(all="ignore"):  # inf/NaN operands give inf/NaN results, not warnings

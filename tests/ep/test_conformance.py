@@ -16,11 +16,8 @@ from onnx import TensorProto, helper
 import ep.backend
 from ep.testing import conformance
 
-KNOWN_FAILURES = {
-    "test_shrink_soft_expanded_ver18": "the NPU compiler folds the rank-0 CastLike of a Constant "
-                                       "into a partition output of shape (1,) where the graph "
-                                       "says (); the next NPU partition's loader refuses it",
-}
+KNOWN_FAILURES: dict[str, str] = {}
+"""Case name -> why it fails on ep although onnxruntime passes it (none today)."""
 MIN_ON_NPU = 450
 
 

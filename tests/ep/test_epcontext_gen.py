@@ -121,9 +121,11 @@ def test_bytes_without_context_file_path_is_ort_error(model_path: Path) -> None:
         generate(data, options())
     theirs = ort.SessionOptions()
     theirs.add_session_config_entry("ep.context_enable", "1")
-    with pytest.raises(Exception) as info:
+    try:  # onnxruntime >= 1.2x checks the path up front, as we do; older ones only once an
+        # EP compiles something (never, with the CPU provider alone)
         ort.InferenceSession(data, theirs, providers=["CPUExecutionProvider"])
-    assert ours.value.message in str(info.value)
+    except Exception as exc:
+        assert ours.value.message in str(exc)
     out = model_path.parent / "from_bytes_ctx.onnx"
     generate(data, options(ep__context_file_path=str(out)))
     assert out.exists() and (model_path.parent / "from_bytes_toy.bin").exists()
@@ -181,7 +183,7 @@ def test_failed_write_leaves_no_file(model_path: Path, monkeypatch: pytest.Monke
         real(src, dst)
 
     monkeypatch.setattr(os, "replace", failing)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(ep.Fail, match="No space left on device"):
         generate(model_path, options())
     assert os.listdir(model_path.parent) == ["mixed.onnx"]
 

@@ -92,3 +92,18 @@ def test_subcommand_is_required(capsys):
         main([])
     assert info.value.code == 2
     assert "inspect" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("content", "text"), [
+    (None, "File doesn't exist"),
+    (b"garbage", "protobuf parsing failed"),
+])
+def test_run_on_a_bad_model_file_is_one_line_and_exit_1(tmp_path, capsys, content, text):
+    path = tmp_path / "model.onnx"
+    if content is not None:
+        path.write_bytes(content)
+    assert main(["run", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert text in err and err.count("\n") == 1 and "Traceback" not in err
+    with pytest.raises(Exception, match=text):
+        main(["--debug", "run", str(path)])

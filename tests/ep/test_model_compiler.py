@@ -161,3 +161,116 @@ def test_external_initializers_threshold(tmp_path: Path) -> None:
                                     providers=["CPUExecutionProvider"]).run(None, {"x": X})
         got = ep.InferenceSession(str(out)).run(None, {"x": X})
         np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6)
+
+
+def test_compile_to_stream_hands_the_bytes_of_compile_to_bytes(model_path: Path) -> None:
+    chunks: list[bytes] = []
+    compiler = ep.ModelCompiler(npu_options(), str(model_path),
+                                embed_compiled_data_into_model=True)
+    compiler.compile_to_stream(chunks.append)
+    model = onnx.load_from_string(b"".join(chunks))
+    assert any(E.is_ep_context_node(n) for n in model.graph.node)
+    got = ep.InferenceSession(b"".join(chunks)).run(None, {"x": X})
+    want = ep.InferenceSession(str(model_path)).run(None, {"x": X})
+    np.testing.assert_array_equal(got[0], want[0])
+
+
+def test_an_exception_in_the_stream_callback_is_fail_with_its_message(model_path) -> None:
+    def full_disk(data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    compiler = ep.ModelCompiler(npu_options(), str(model_path),
+                                embed_compiled_data_into_model=True)
+    with pytest.raises(ep.Fail, match=r"OSError: \[Errno 28\] No space left on device"):
+        compiler.compile_to_stream(full_disk)
+    with pytest.raises(TypeError):
+        compiler.compile_to_stream(3)
+
+
+def test_binary_information_places_the_context_binary(model_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "bins"
+    out.mkdir()
+    compiler = ep.ModelCompiler(npu_options(), model_path.read_bytes())
+    with pytest.raises(ep.InvalidArgument, match="output_dir or model_name is empty"):
+        compiler.set_ep_context_binary_information("", "m")
+    compiler.set_ep_context_binary_information(str(out) + os.sep, "served")
+    data = compiler.compile_to_bytes()
+    assert sorted(os.listdir(out)) == ["served_npusim.bin"]
+    (node, *_) = [n for n in onnx.load_from_string(data).graph.node if E.is_ep_context_node(n)]
+    assert E.parse_ep_context_node(node).ep_cache_context == b"served_npusim.bin"
+    so = ep.SessionOptions()
+    so.add_session_config_entry("ep.context_file_path", str(out / "served_ctx.onnx"))
+    got = ep.InferenceSession(data, so).run(None, {"x": X})
+    np.testing.assert_array_equal(got[0], ep.InferenceSession(str(model_path)).run(
+        None, {"x": X})[0])
+
+
+def test_initializer_location_function_places_cpu_initializers(tmp_path: Path) -> None:
+    model = mixed_model()
+    model.graph.node[1].CopyFrom(helper.make_node("Mod", ["a", "W"], ["b"], name="sig", fmod=1))
+    onnx.save(model, tmp_path / "m.onnx")
+    blob = tmp_path / "weights.bin"
+    seen: list[str] = []
+
+    def place(name: str, value: np.ndarray, info):
+        seen.append(name)
+        assert info is None
+        with open(blob, "ab") as f:
+            offset = f.tell()
+            f.write(value.tobytes())
+        return ort.OrtExternalInitializerInfo("weights.bin", offset, value.nbytes)
+
+    ep.ModelCompiler(npu_options(), str(tmp_path / "m.onnx"),
+                     get_initializer_location_func=place).compile_to_file(
+        str(tmp_path / "out.onnx"))
+    assert seen == ["W"]
+    (w,) = onnx.load(tmp_path / "out.onnx", load_external_data=False).graph.initializer
+    assert w.data_location == onnx.TensorProto.EXTERNAL
+    want = ort.InferenceSession(str(tmp_path / "m.onnx"),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": X})
+    got = ep.InferenceSession(str(tmp_path / "out.onnx")).run(None, {"x": X})
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6)
+
+
+def test_compile_to_bytes_with_an_external_initializers_file(tmp_path: Path) -> None:
+    model = mixed_model()
+    model.graph.node[1].CopyFrom(helper.make_node("Mod", ["a", "W"], ["b"], name="sig", fmod=1))
+    onnx.save(model, tmp_path / "m.onnx")
+    data = ep.ModelCompiler(npu_options(), str(tmp_path / "m.onnx"),
+                            external_initializers_file_path="cpu.data",
+                            external_initializers_size_threshold=0).compile_to_bytes()
+    (w,) = onnx.load_from_string(data).graph.initializer
+    assert w.data_location == onnx.TensorProto.EXTERNAL
+    assert (tmp_path / "cpu.data").exists()
+
+
+@pytest.mark.parametrize("level", [ep.GraphOptimizationLevel.ORT_DISABLE_ALL,
+                                   ep.GraphOptimizationLevel.ORT_ENABLE_BASIC])
+def test_graph_optimization_level_is_applied(tmp_path: Path, level) -> None:
+    """x -> Identity -> TopK (CPU). onnxruntime's default for ModelCompiler is ORT_DISABLE_ALL:
+    the Identity stays and the NPU compiles it; at the basic level it is eliminated before
+    partitioning and nothing is left for the NPU."""
+    nodes = [helper.make_node("Identity", ["x"], ["i"], name="identity"),
+             helper.make_node("TopK", ["i", "k"], ["v", "ix"], name="topk", axis=1)]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("v", onnx.TensorProto.FLOAT, [2, 1])],
+        [onnx.numpy_helper.from_array(np.array([1], np.int64), "k")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=8), tmp_path / "m.onnx")
+    out = tmp_path / "out.onnx"
+    ep.ModelCompiler(npu_options(), str(tmp_path / "m.onnx"),
+                     graph_optimization_level=level).compile_to_file(str(out))
+    contexts = [n for n in onnx.load(out).graph.node if E.is_ep_context_node(n)]
+    assert len(contexts) == (1 if level == ep.GraphOptimizationLevel.ORT_DISABLE_ALL else 0)
+    want = ort.InferenceSession(str(tmp_path / "m.onnx"),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": X})
+    np.testing.assert_array_equal(ep.InferenceSession(str(out)).run(None, {"x": X})[0],
+                                  want[0])
+
+
+def test_compile_to_file_without_a_path_writes_beside_the_input(model_path: Path) -> None:
+    ep.ModelCompiler(npu_options(), str(model_path)).compile_to_file()
+    assert (model_path.parent / "m_ctx.onnx").exists()
+    with pytest.raises(TypeError):
+        ep.ModelCompiler(npu_options(), str(model_path)).compile_to_file(3)

@@ -184,3 +184,53 @@ def test_wrong_input_count_is_invalid_argument():
     (node,) = ep.compile([as_fused(conv_bn_relu())])
     with pytest.raises(errors.InvalidArgument, match="takes 1 inputs, got 2"):
         node.run([np.zeros((1, 3, 10, 10), np.float32)] * 2)
+
+
+def test_run_stats_cover_every_npu_partition_of_the_run() -> None:
+    """Two NPU partitions around a CPU node: the session's NPU stats are their sum, with each
+    partition's own figures kept (only the last partition's used to be reported)."""
+    from test_epcontext_load import npu_cpu_model
+    from test_session import X
+
+    import ep as ep_api
+
+    session = ep_api.InferenceSession(npu_cpu_model().SerializeToString(),
+                                      providers=["NpuSimExecutionProvider"])
+    session.run(None, {"x": X})
+    stats = session.get_run_stats()["NpuSimExecutionProvider"]
+    parts = stats["partitions"]
+    npu_parts = [p["name"] for p in session.get_partitions()
+                 if p["provider"] == "NpuSimExecutionProvider"]
+    assert sorted(parts) == sorted(npu_parts) and len(parts) == 2
+    assert stats["cycles"] == sum(p["cycles"] for p in parts.values()) > max(
+        p["cycles"] for p in parts.values())
+    kernels = sum(p["counters"]["compute.kernels"] for p in parts.values())
+    assert stats["counters"]["compute.kernels"] == kernels
+    busy = sum(p["counters"]["core.0.busy_cycles"] for p in parts.values())
+    assert stats["utilization"]["core.0"] == pytest.approx(busy / stats["cycles"])
+
+
+def test_a_partial_run_executes_only_what_its_outputs_need() -> None:
+    """npu_cpu_model (batch dimension symbolic): CPU_0 (Add, Sin) -> NpuSim_0 (Relu) -> CPU_1
+    (Mul -> y), and Add -> NpuSim_1 (Tanh -> z). Asking for z runs CPU_0 and NpuSim_1 only:
+    neither NpuSim_0 nor CPU_1 launches anything."""
+    import onnxruntime as ort
+    from test_epcontext_load import npu_cpu_model
+    from test_session import X
+
+    import ep as ep_api
+
+    model = npu_cpu_model().SerializeToString()
+    session = ep_api.InferenceSession(model, providers=["NpuSimExecutionProvider"])
+    owner = {n: p["name"] for p in session.get_partitions() for n in p["nodes"]}
+    assert len({owner["add"], owner["relu"], owner["mul"], owner["tanh"]}) == 4
+    (z,) = session.run(["z"], {"x": X})
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(["z"], {"x": X})
+    np.testing.assert_allclose(z, want[0], rtol=1e-5, atol=1e-6)
+    assert set(session.get_run_stats()["partition_wall_us"]) == {owner["add"], owner["tanh"]}
+    partial = session.get_run_stats()["NpuSimExecutionProvider"]
+    assert set(partial["partitions"]) == {owner["tanh"]}
+    session.run(None, {"x": X})
+    full = session.get_run_stats()["NpuSimExecutionProvider"]
+    assert set(full["partitions"]) == {owner["tanh"], owner["relu"]}
+    assert partial["counters"]["compute.kernels"] < full["counters"]["compute.kernels"]

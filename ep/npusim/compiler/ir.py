@@ -30,6 +30,7 @@ from npu_sim import dtypes
 from npu_sim import kernels as npu_kernels
 
 from ... import errors
+from ...framework.shapes import infer_shapes
 
 TensorType = tuple[str, tuple[int, ...]]
 
@@ -134,7 +135,7 @@ class SubGraph:
         while unique in self.types:
             k += 1
             unique = f"{name}_{k}"
-        value = np.ascontiguousarray(value)
+        value = np.require(value, requirements="C")  # keeps a 0-d value 0-d
         self.consts[unique] = value
         self.types[unique] = (dtypes.from_numpy(value.dtype), tuple(value.shape))
         return unique
@@ -206,7 +207,7 @@ def _infer(
     graph_copy.node.extend(ordered)
     model = helper.make_model(graph_copy, opset_imports=list(opset_imports))
     try:
-        model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+        model = infer_shapes(model, strict=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
         raise errors.InvalidGraph(f"NpuSim compiler: shape inference failed: {exc}") from None
     return model.graph

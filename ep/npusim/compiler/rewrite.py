@@ -5,6 +5,8 @@ onnxruntime on the original subgraph by ``tests/ep/test_rewrite.py``) and return
 times it fired. :func:`optimize` runs them in an order where each one sees the result of the
 previous:
 
+0. :func:`transposed_weights` -- MatMul(A, Transpose(W)) with W a 2-D weight reads W itself
+   (``transB``), so a tied embedding is never stored twice (W and its folded transpose).
 1. :func:`fold_constants` -- a node whose inputs are all constant is evaluated once with the
    device's kernels and its outputs become weights; ``Constant``, ``ConstantOfShape`` and
    ``Shape`` of a static tensor are evaluated directly. This first pass keeps
@@ -26,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from npu_sim import dtypes
+from npu_sim.kernels.limits import check_elements
 
 from .ir import Node, SubGraph, run_node
 
@@ -42,6 +45,7 @@ _KEEP_FOR_QDQ = frozenset({"DequantizeLinear"})
 def optimize(graph: SubGraph) -> dict[str, int]:
     """Run every rewrite in order; returns how often each fired (for the compile report)."""
     counts = {
+        "transposed_weights": transposed_weights(graph),
         "fold_constants": fold_constants(graph, keep=_KEEP_FOR_QDQ),
         "fold_qdq": fold_qdq(graph),
     }
@@ -71,7 +75,7 @@ def fold_constants(graph: SubGraph, keep: frozenset[str] = frozenset()) -> int:
             continue
         for name, value in zip(node.outputs, values, strict=False):
             if name:
-                value = np.ascontiguousarray(value)
+                value = np.require(value, requirements="C")  # keeps 0-d values 0-d
                 graph.consts[name] = value
                 graph.types[name] = (dtypes.from_numpy(value.dtype), tuple(value.shape))
         folded += 1
@@ -93,7 +97,8 @@ def _constant_outputs(graph: SubGraph, node: Node) -> list[np.ndarray] | None:
         return None
     if node.op == "ConstantOfShape":  # a constant generator, like Constant: no kernel needed
         fill = node.attrs.get("value", np.zeros(1, np.float32))
-        shape = tuple(int(d) for d in graph.consts[node.inputs[0]].reshape(-1))
+        shape = check_elements("ConstantOfShape", "output",
+                               graph.consts[node.inputs[0]].reshape(-1).tolist())
         return [np.full(shape, fill.reshape(-1)[0], dtype=fill.dtype)]
     return run_node(node, [graph.consts[i] if i else None for i in node.inputs])
 
@@ -104,6 +109,30 @@ def _constant_dtype(key: str, value: object) -> np.dtype | None:
     if key in ("value_int", "value_ints"):
         return np.dtype(np.int64)
     return None
+
+
+# -- MatMul of a transposed weight ------------------------------------------------------------
+
+
+def transposed_weights(graph: SubGraph) -> int:
+    """MatMul(A, Transpose(W, perm=[1, 0])) with W a 2-D constant becomes MatMul(A, W) with
+    ``transB=1``: the array reads B column by column instead, at the same cost, and W is stored
+    once even when it is also read as is (a Gather of a tied embedding). Runs before constant
+    folding, which would otherwise store the transpose as a second weight."""
+    rewritten = 0
+    for mm in graph.nodes:
+        if mm.op != "MatMul" or mm.domain not in ("", "ai.onnx") or len(mm.inputs) != 2:
+            continue
+        tr = graph.producer(mm.inputs[1])
+        if tr is None or tr.op != "Transpose" or tr.domain not in ("", "ai.onnx"):
+            continue
+        w = graph.const(tr.inputs[0])
+        if w is None or w.ndim != 2 or tuple(tr.attrs.get("perm", (1, 0))) != (1, 0):
+            continue
+        mm.inputs = [mm.inputs[0], tr.inputs[0]]
+        mm.attrs = {**mm.attrs, "transB": 1}
+        rewritten += 1
+    return rewritten
 
 
 # -- BatchNormalization into Conv -------------------------------------------------------------
