@@ -143,44 +143,12 @@ def _too_large(node: onnx.NodeProto, shapes: Mapping[str, onnx.TensorProto]) -> 
     return False
 
 
-_INSERTED_CAST = "InsertedPrecisionFreeCast_"
-
-
-def _undo_inserted_casts(graph: onnx.GraphProto) -> None:
-    """Remove the casts onnxruntime's CPU provider inserts around float16 ops it has no kernel
-    for, and give the tensors back their names.
-
-    They are the CPU provider's implementation detail (it computes such chains in float32), not
-    a basic optimization: left in, every provider would receive float32 where the model says
-    float16, and an NPU with float16 storage would round once per chain instead of once per
-    tensor as ONNX specifies. onnxruntime names each cast and each float32 copy
-    ``InsertedPrecisionFreeCast_<original tensor>``."""
-    casts = [n for n in graph.node if n.op_type == "Cast" and n.name.startswith(_INSERTED_CAST)]
-    if not casts:
-        return
-
-    def original(name: str) -> str:
-        return name[len(_INSERTED_CAST):] if name.startswith(_INSERTED_CAST) else name
-
-    kept = [n for n in graph.node
-            if not (n.op_type == "Cast" and n.name.startswith(_INSERTED_CAST))]
-    for node in kept:
-        node.input[:] = [original(i) for i in node.input]
-        node.output[:] = [original(o) for o in node.output]
-    del graph.node[:]
-    graph.node.extend(kept)
-    stale = [vi for vi in graph.value_info if vi.name.startswith(_INSERTED_CAST)]
-    for vi in stale:
-        graph.value_info.remove(vi)
-
-
 def _restore(optimized: onnx.ModelProto, source: onnx.ModelProto,
              weights: Mapping[str, int], generators: list[onnx.NodeProto]) -> onnx.ModelProto:
     """``optimized`` with the source's weights back as initializers and its weight generators
     as nodes, graph inputs as the source declares them (less initializers folding removed), and
     the source's opset imports."""
     graph = optimized.graph
-    _undo_inserted_casts(graph)
     used = {i for node in graph.node for i in node.input} | {o.name for o in graph.output}
     wanted = [n for n in generators if n.output[0] in used]
     if wanted:
