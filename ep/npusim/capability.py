@@ -264,6 +264,11 @@ SUPPORT_TABLE: dict[str, OpSupport] = {
     **_same(("And", "Or", "Xor"), OpSupport(7, dtypes=BOOL, typed_inputs=(0, 1))),
     "Not": OpSupport(1, dtypes=BOOL),
     **_same(("IsNaN", "IsInf"), OpSupport(10, output_dtypes=BOOL)),
+    **_same(("Sin", "Cos"), OpSupport(7)),
+    **_same(("Floor", "Ceil"), OpSupport(6)),
+    "Round": OpSupport(11),
+    **_same(("ArgMax", "ArgMin"), OpSupport(1, dtypes=NUMERIC, output_dtypes=("int64",))),
+    "Shape": OpSupport(1, dtypes=ALL, output_dtypes=("int64",)),
     "Constant": OpSupport(1, dtypes=ALL, typed_inputs=()),
     "ConstantOfShape": OpSupport(
         9, dtypes=ALL, typed_inputs=(), const_inputs=_const("input", start=0)

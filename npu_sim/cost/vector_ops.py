@@ -34,6 +34,9 @@ ELEMENTWISE: dict[str, float] = {
     # Predicates: one compare or logic operation per lane.
     "Equal": 1, "Greater": 1, "Less": 1, "GreaterOrEqual": 1, "LessOrEqual": 1,
     "And": 1, "Or": 1, "Xor": 1, "Not": 1, "IsNaN": 1, "IsInf": 1,
+    "Floor": 1, "Ceil": 1, "Round": 1, "Sin": 4, "Cos": 4,
+    # Shape writes rank-many int64s; folded at compile time whenever shapes are static.
+    "Shape": 1,
 }
 VARIADIC = frozenset({"Sum", "Mean", "Min", "Max"})
 """Ops taking any number of inputs: one pass per extra input (Mean adds a final scale)."""
@@ -45,6 +48,7 @@ ROW_PASSES: dict[str, float] = {"Softmax": 8, "LogSoftmax": 8, "LayerNormalizati
 
 REDUCE_PASSES: dict[str, float] = {
     "ReduceSum": 1, "ReduceMean": 1, "ReduceMax": 1, "ReduceMin": 1, "ReduceL2": 2,
+    "ArgMax": 2, "ArgMin": 2,  # compare and keep the index
 }
 """Lane-cycles per *input* element of a reduction (ReduceL2 squares then adds)."""
 

@@ -148,6 +148,11 @@ _UNARY: dict[str, tuple[Callable[[np.ndarray], np.ndarray], tuple[np.dtype, ...]
     "Reciprocal": (np.reciprocal, FLOAT_DTYPES),
     "Neg": (np.negative, SIGNED_DTYPES),
     "Abs": (np.abs, NUMERIC_DTYPES),
+    "Sin": (np.sin, FLOAT_DTYPES),
+    "Cos": (np.cos, FLOAT_DTYPES),
+    "Floor": (np.floor, FLOAT_DTYPES),
+    "Ceil": (np.ceil, FLOAT_DTYPES),
+    "Round": (np.round, FLOAT_DTYPES),  # half to even, as ONNX defines
 }
 
 

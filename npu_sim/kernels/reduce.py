@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import KernelError
 from .activations import (
     FLOAT_DTYPES,
     INT_DTYPES,
@@ -27,8 +28,9 @@ from .activations import (
     required,
     to_compute,
 )
+from .elementwise import NUMERIC_DTYPES
 from .registry import kernel
-from .shape import normalize_axes, operand
+from .shape import normalize_axes, normalize_axis, operand
 
 Inputs = Sequence["np.ndarray | None"]
 Axes = tuple[int, ...]
@@ -110,3 +112,42 @@ def _register_reduction(op: str) -> None:
 for _op in _REDUCTIONS:
     _register_reduction(_op)
 
+
+
+def _register_arg(op: str, fn: Callable[..., np.ndarray]) -> None:
+    def values(inputs: Inputs, attrs: Mapping[str, Any]) -> list[np.ndarray]:
+        input_count(op, inputs, 1, 1)
+        x = required(op, inputs, 0, "data")
+        require_dtype(op, x, NUMERIC_DTYPES, "data")
+        if x.ndim == 0:
+            raise KernelError(op, "", "data must have rank >= 1, got a 0-d tensor")
+        axis = normalize_axis(op, int(attrs.get("axis", 0)), x.ndim)
+        if x.shape[axis] == 0:
+            raise KernelError(op, "", f"axis {axis} of shape {x.shape} is empty: no index to "
+                                      "return")
+        keepdims = bool(int(attrs.get("keepdims", 1)))
+        xc = to_compute(x)
+        nan_first = None
+        if xc.dtype.kind == "f" and np.isnan(xc).any():
+            # onnxruntime scans from the first element and takes a later one only if it
+            # compares better: a NaN never wins, unless it is first (nothing beats it).
+            nan_first = np.isnan(np.take(xc, 0, axis=axis))
+            xc = np.where(np.isnan(xc), -np.inf if op == "ArgMax" else np.inf, xc)
+        if int(attrs.get("select_last_index", 0)):  # the last of equal extremes
+            flipped = np.flip(xc, axis=axis)
+            index = x.shape[axis] - 1 - fn(flipped, axis=axis)
+        else:
+            index = fn(xc, axis=axis)
+        index = np.asarray(index, np.int64)
+        if nan_first is not None:
+            index = np.where(nan_first, 0, index).astype(np.int64)
+        return [np.expand_dims(index, axis) if keepdims else index]
+
+    values.__name__ = values.__qualname__ = op.lower()
+    values.__doc__ = f"ONNX {op}: int64 indices along ``axis`` (``keepdims``, " \
+                     "``select_last_index``)."
+    kernel(op)(values)
+
+
+_register_arg("ArgMax", np.argmax)
+_register_arg("ArgMin", np.argmin)

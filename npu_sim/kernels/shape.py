@@ -340,3 +340,16 @@ def _pad_value(x: np.ndarray, inputs: Inputs, attrs: Mapping[str, Any]) -> Any:
         raise KernelError("Pad", "", f"constant_value must be one {x.dtype} element, got "
                                      f"{value.dtype} of shape {value.shape}")
     return value.reshape(-1)[0] if value.size else x.dtype.type(0)
+
+
+@kernel("Shape")
+def shape_of(inputs: Inputs, attrs: Mapping[str, Any]) -> list[np.ndarray]:
+    """ONNX Shape: the input's dimensions as int64, sliced by ``start``/``end`` (opset 15)."""
+    input_count("Shape", inputs, 1, 1)
+    x = required("Shape", inputs, 0, "data")
+    rank = x.ndim
+    start = int(attrs.get("start", 0))
+    end = int(attrs.get("end", rank))
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    end = min(max(end + rank if end < 0 else end, 0), rank)
+    return [np.array(x.shape[start:end], dtype=np.int64)]
