@@ -211,7 +211,7 @@ def test_run_stats_cover_every_npu_partition_of_the_run() -> None:
 
 
 def test_a_partial_run_executes_only_what_its_outputs_need() -> None:
-    """npu_cpu_model (batch dimension symbolic): CPU_0 (Add, Sin) -> NpuSim_0 (Relu) -> CPU_1
+    """npu_cpu_model (batch dimension symbolic): CPU_0 (Add, Softsign) -> NpuSim_0 (Relu) -> CPU_1
     (Mul -> y), and Add -> NpuSim_1 (Tanh -> z). Asking for z runs CPU_0 and NpuSim_1 only:
     neither NpuSim_0 nor CPU_1 launches anything."""
     import onnxruntime as ort
