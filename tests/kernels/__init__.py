@@ -184,3 +184,15 @@ def random_array(seed: int, shape: Sequence[int], dtype: Any, low: float = -4.0,
 
 
 seeds = st.integers(0, 2**32 - 1)
+
+
+def with_specials(x: np.ndarray, seed: int, specials: Sequence[float]) -> np.ndarray:
+    """``x`` (float dtypes) with about 30% of its elements replaced by ``specials`` (NaN,
+    infinities, signed zeros, ties), so operands often hold equal or unordered values."""
+    if x.dtype.kind != "f" or x.size == 0:
+        return x
+    rng = np.random.default_rng(seed)
+    x = x.copy()
+    picks = rng.random(x.shape) < 0.3
+    x[picks] = rng.choice(np.asarray(specials, np.float32), size=int(picks.sum())).astype(x.dtype)
+    return x

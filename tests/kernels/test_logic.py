@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import broadcastable, check_like_ort, random_array, run_kernel, seeds, shapes
+from kernels import (
+    broadcastable,
+    check_like_ort,
+    random_array,
+    run_kernel,
+    seeds,
+    shapes,
+    with_specials,
+)
 from npu_sim.errors import KernelError
 
 COMPARE = ("Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual")
@@ -16,25 +24,13 @@ DTYPES = (np.float32, np.float16, np.int8, np.uint8, np.int32, np.int64)
 SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0], np.float32)
 
 
-def with_specials(x: np.ndarray, seed: int) -> np.ndarray:
-    """``x`` with some elements replaced by NaN, +-inf, signed zeros and ones (float dtypes), so
-    that both operands often hold equal or unordered values."""
-    if x.dtype.kind != "f" or x.size == 0:
-        return x
-    rng = np.random.default_rng(seed)
-    x = x.copy()
-    picks = rng.random(x.shape) < 0.3
-    x[picks] = rng.choice(SPECIAL, size=int(picks.sum())).astype(x.dtype)
-    return x
-
-
 @settings(max_examples=40)
 @given(op=st.sampled_from(COMPARE), dtype=st.sampled_from(DTYPES), shape=shapes(),
        data=st.data(), seed=seeds)
 def test_comparisons_match_ort(op, dtype, shape, data, seed):
     other = data.draw(broadcastable(shape))
-    a = with_specials(random_array(seed, shape, dtype), seed)
-    b = with_specials(random_array(seed + 1, other, dtype), seed + 1)
+    a = with_specials(random_array(seed, shape, dtype), seed, SPECIAL)
+    b = with_specials(random_array(seed + 1, other, dtype), seed + 1, SPECIAL)
     out = check_like_ort(op, [a, b], opset=16)
     assert out is not None and out[0].dtype == np.bool_
 
@@ -53,7 +49,7 @@ def test_logic_on_bools_matches_ort(op, shape, data, seed):
 @given(shape=shapes(), dtype=st.sampled_from([np.float32, np.float16]), seed=seeds,
        positive=st.sampled_from([0, 1]), negative=st.sampled_from([0, 1]))
 def test_float_class_tests_match_ort(shape, dtype, seed, positive, negative):
-    x = with_specials(random_array(seed, shape, dtype), seed)
+    x = with_specials(random_array(seed, shape, dtype), seed, SPECIAL)
     assert check_like_ort("IsNaN", [x], opset=16) is not None
     attrs = {"detect_positive": positive, "detect_negative": negative}
     assert check_like_ort("IsInf", [x], attrs, opset=20) is not None  # float16 since IsInf-20
