@@ -311,3 +311,27 @@ def test_sessions_sharing_a_device_hold_one_copy_of_equal_weights(group: Path) -
         feeds = random_feed(sources()[name], seed=9)
         np.testing.assert_allclose(session.run(None, feeds)[0],
                                    ort_run(sources()[name], feeds)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_eight_threads_on_instances_sharing_weights_get_serial_results(group: Path) -> None:
+    """Two sessions of one ctx model on one device (PPLNN-style instances: one weight copy,
+    each with its own activations) and eight threads running both at once: every result is
+    the serial one, and the weights stay resident once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    so = ep.SessionOptions()
+    so.add_session_config_entry("ep.share_ep_contexts", "1")
+    first = ep.InferenceSession(str(group / "m1_ctx.onnx"), so, providers=[NPU])
+    firmware = npu(first).runtime.firmware
+    alone = firmware.stats()["hbm.weights.bytes"]
+    second = ep.InferenceSession(str(group / "m1_ctx.onnx"), so, providers=[NPU])
+    assert npu(second).runtime.firmware is firmware
+    assert firmware.stats()["hbm.weights.bytes"] == alone
+    instances = [first, second]
+    feeds = [random_feed(sources()["m1"], seed=s) for s in range(16)]
+    serial = [instances[k % 2].run(None, f)[0] for k, f in enumerate(feeds)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        threaded = list(pool.map(lambda k: instances[k % 2].run(None, feeds[k])[0],
+                                 range(len(feeds))))
+    for got, want in zip(threaded, serial, strict=True):
+        np.testing.assert_array_equal(got, want)
