@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -87,10 +88,19 @@ class WeightStore:
     """The device's resident weights (see the module docstring)."""
 
     def __init__(self, firmware: Firmware) -> None:
-        self.firmware = firmware
+        # Weakly: the firmware owns the store; a cycle would keep a dead session's device (and
+        # its HBM backing) alive until the cyclic garbage collector ran.
+        self._firmware = weakref.ref(firmware)
         self._by_host: dict[tuple[int, int], _Resident] = {}
         self._by_size: dict[int, list[_Resident]] = {}
         self.shared_bytes = 0
+
+    @property
+    def firmware(self) -> Firmware:
+        firmware = self._firmware()
+        if firmware is None:
+            raise RuntimeError("the firmware of this weight store is gone")
+        return firmware
 
     # -- placing ------------------------------------------------------------------------------
 

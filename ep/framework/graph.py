@@ -104,14 +104,18 @@ class GraphView:
 
     @classmethod
     def from_model(
-        cls, model: onnx.ModelProto, *, dim_overrides: Mapping[str, int] | None = None
+        cls, model: onnx.ModelProto, *, dim_overrides: Mapping[str, int] | None = None,
+        owned: bool = False,
     ) -> GraphView:
         """Copy ``model``, fix symbolic dims, infer shapes, sort topologically and index.
 
+        With ``owned`` the view takes ``model`` itself and edits it (no copy of its weights):
+        for a caller that made the model and keeps no other use of it.
         Raises :class:`~ep.errors.InvalidGraph` for a cycle, a node input nobody produces, a
         tensor produced twice, or a model shape inference rejects; the message names them.
         """
-        model = copy.deepcopy(model)
+        if not owned:
+            model = copy.deepcopy(model)
         overrides = dict(dim_overrides or {})
         for name, value in overrides.items():
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:

@@ -45,8 +45,13 @@ _STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
 
 
 def optimize(model: onnx.ModelProto, level: int,
-             free_dims: Mapping[str, int] | None = None) -> onnx.ModelProto:
+             free_dims: Mapping[str, int] | None = None, *,
+             in_place: bool = False) -> onnx.ModelProto:
     """The graph onnxruntime would partition at optimization ``level`` (below basic: ``model``).
+
+    With ``in_place`` the result is ``model`` itself, edited: its weights stay where they are
+    (a session's freshly loaded model; nothing of gigabytes is copied). Otherwise ``model`` is
+    left alone and the result is a new model.
 
     Levels above basic apply only the basic transformers here: the extended and layout ones
     rewrite into contrib operators for onnxruntime's own kernels, which ONNX Runtime applies
@@ -71,7 +76,7 @@ def optimize(model: onnx.ModelProto, level: int,
             optimized = onnx.load(str(target))
         except Exception:  # onnxruntime cannot load it: partition the model as given
             return model
-    return _restore(optimized, model, weights, generators)
+    return _restore(optimized, model, weights, generators, in_place)
 
 
 def _hide_generated_weights(light: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -144,10 +149,11 @@ def _too_large(node: onnx.NodeProto, shapes: Mapping[str, onnx.TensorProto]) -> 
 
 
 def _restore(optimized: onnx.ModelProto, source: onnx.ModelProto,
-             weights: Mapping[str, int], generators: list[onnx.NodeProto]) -> onnx.ModelProto:
+             weights: Mapping[str, int], generators: list[onnx.NodeProto],
+             in_place: bool) -> onnx.ModelProto:
     """``optimized`` with the source's weights back as initializers and its weight generators
     as nodes, graph inputs as the source declares them (less initializers folding removed), and
-    the source's opset imports."""
+    the source's opset imports; ``in_place``: that graph transplanted into ``source``."""
     graph = optimized.graph
     used = {i for node in graph.node for i in node.input} | {o.name for o in graph.output}
     wanted = [n for n in generators if n.output[0] in used]
@@ -159,9 +165,9 @@ def _restore(optimized: onnx.ModelProto, source: onnx.ModelProto,
         missing = shape_inputs - {t.name for t in graph.initializer}
         graph.initializer.extend(t for t in source.graph.initializer if t.name in missing)
         used |= shape_inputs
-    graph.initializer.extend(source.graph.initializer[k] for name, k in weights.items()
-                             if name in used)
+    kept = {name for name in weights if name in used}
     initialized = {t.name: t for t in graph.initializer}
+    initialized.update((name, source.graph.initializer[weights[name]]) for name in kept)
     required = {i.name for i in source.graph.input} - {t.name for t in source.graph.initializer}
     declared = {i.name for i in source.graph.input}
     inputs = []
@@ -185,4 +191,19 @@ def _restore(optimized: onnx.ModelProto, source: onnx.ModelProto,
     opsets = [o for o in optimized.opset_import if o.domain in known or o.domain in used_domains]
     del optimized.opset_import[:]
     optimized.opset_import.extend(opsets)
-    return optimized
+    if not in_place:
+        graph.initializer.extend(source.graph.initializer[weights[n]] for n in weights
+                                 if n in kept)
+        return optimized
+    target = source.graph
+    for k in reversed(range(len(target.initializer))):  # keep the used weights where they are
+        if target.initializer[k].name not in kept:
+            del target.initializer[k]
+    target.initializer.extend(graph.initializer)
+    for field in ("node", "input", "output", "value_info"):
+        del getattr(target, field)[:]
+        getattr(target, field).extend(getattr(graph, field))
+    source.ir_version = optimized.ir_version
+    del source.opset_import[:]
+    source.opset_import.extend(optimized.opset_import)
+    return source

@@ -93,7 +93,10 @@ def construct(
     dims = merged_free_dims(free_dims or {}, providers)
     if writer is not None:
         writer.check_providers(providers)
-    graph = GraphView.from_model(optimize(source, optimization_level, dims), dim_overrides=dims)
+    # The model was parsed here: the optimizer edits it in place and the view takes it as it
+    # is, so its weights are never copied (the session's ``model`` is the graph it ran).
+    graph = GraphView.from_model(optimize(source, optimization_level, dims, in_place=True),
+                                 dim_overrides=dims, owned=True)
     if writer is not None and any(is_ep_context_node(n) for n in graph.nodes):
         if already_compiled is not None:
             raise already_compiled

@@ -167,7 +167,8 @@ class InferenceSession:
 
     @property
     def model(self) -> onnx.ModelProto:
-        """The loaded model (external data loaded)."""
+        """The model as the session partitioned it: loaded (external data included), with
+        onnxruntime's basic optimizations applied and shapes inferred."""
         return self._model
 
 

@@ -30,7 +30,7 @@ from npu_sim import dtypes
 from npu_sim import kernels as npu_kernels
 
 from ... import errors
-from ...framework.shapes import infer_shapes
+from ...framework.shapes import WEIGHT_BYTES, nbytes
 
 TensorType = tuple[str, tuple[int, ...]]
 
@@ -71,7 +71,7 @@ class SubGraph:
     ) -> SubGraph:
         """Import a partition's standalone graph, resolving every shape to static values."""
         inferred = _infer(graph, opset_imports, dim_overrides or {})
-        consts = {t.name: numpy_helper.to_array(t) for t in inferred.initializer}
+        consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
         opset = next((o.version for o in opset_imports if o.domain in ("", "ai.onnx")), 1)
         types: dict[str, TensorType] = {}
         for name, arr in consts.items():
@@ -192,22 +192,31 @@ def _infer(
     opset_imports: Sequence[onnx.OperatorSetIdProto],
     overrides: Mapping[str, int],
 ) -> onnx.GraphProto:
-    """The graph with overridden dims fixed and every intermediate's type inferred."""
-    graph_copy = onnx.GraphProto()
-    graph_copy.CopyFrom(graph)
-    for vi in [*graph_copy.input, *graph_copy.output]:
+    """A light copy of ``graph``: its nodes in topological order, inputs and outputs with
+    overridden dims fixed, and every intermediate's type inferred. Weights are not copied: they
+    become typed inputs of the copy (read their values from ``graph``); small initializers stay,
+    so shape arithmetic on them still propagates."""
+    light = onnx.GraphProto()
+    light.node.extend(_toposorted(graph))
+    light.input.extend(graph.input)
+    light.output.extend(graph.output)
+    for tensor in graph.initializer:
+        if nbytes(tensor) < WEIGHT_BYTES:
+            light.initializer.append(tensor)
+        else:
+            light.input.append(helper.make_tensor_value_info(tensor.name, tensor.data_type,
+                                                             list(tensor.dims)))
+    for vi in [*light.input, *light.output]:
         if not vi.type.HasField("tensor_type"):
             continue
         for dim in vi.type.tensor_type.shape.dim:
             if dim.HasField("dim_param") and dim.dim_param in overrides:
                 dim.dim_value = int(overrides[dim.dim_param])
-    del graph_copy.value_info[:]
-    ordered = _toposorted(graph_copy)
-    del graph_copy.node[:]
-    graph_copy.node.extend(ordered)
-    model = helper.make_model(graph_copy, opset_imports=list(opset_imports))
+    model = onnx.ModelProto(ir_version=onnx.IR_VERSION)
+    model.opset_import.extend(opset_imports)
+    model.graph.CopyFrom(light)
     try:
-        model = infer_shapes(model, strict=True)
+        model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
         raise errors.InvalidGraph(f"NpuSim compiler: shape inference failed: {exc}") from None
     return model.graph
