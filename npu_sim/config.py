@@ -37,6 +37,10 @@ GiB = 1024 * MiB
 DATAFLOWS = ("os", "ws", "is")
 """Systolic dataflows: output-, weight- and input-stationary."""
 
+STATIONARY_LOADS = ("hidden", "exposed")
+"""Whether loading the stationary operand into the array overlaps the previous fold (shadow
+registers: ``hidden``) or costs ``R`` cycles per fold (``exposed``, as SCALE-Sim models it)."""
+
 MAC_DTYPES = ("int8", "float16", "bfloat16", "float32")
 """Data types the systolic array has a MAC rate for (uint8 runs at the int8 rate)."""
 
@@ -51,6 +55,7 @@ class DeviceConfig:
     array_rows: int = 64
     array_cols: int = 64
     dataflow: str = "os"
+    stationary_load: str = "hidden"
     vector_lanes: int = 256
     sram_bytes_per_core: int = 4 * MiB
     hbm_bytes: int = 16 * GiB
@@ -245,6 +250,7 @@ _CHECKS = {
     "array_rows": _int_range(1, 1024),
     "array_cols": _int_range(1, 1024),
     "dataflow": _choice(DATAFLOWS),
+    "stationary_load": _choice(STATIONARY_LOADS),
     "vector_lanes": _int_range(1, 65536),
     "sram_bytes_per_core": _int_range(4 * KiB, 1 * GiB),
     "hbm_bytes": _int_range(1 * MiB, 4096 * GiB),
@@ -292,9 +298,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         bfloat16_macs_per_pe=1.0, float32_macs_per_pe=0.25,
     ),
     # Validation part: one 32x32 output-stationary core at 1 GHz (1 cycle = 1 ns), one MAC per
-    # PE per cycle for every dtype, so hand-computed cycle counts apply directly.
+    # PE per cycle for every dtype, and the stationary operand's load exposed, so SCALE-Sim's
+    # stall-free cycle counts (and hand-computed ones) apply directly.
     "os32": dict(
         name="os32", clock_ghz=1.0, cores=1, array_rows=32, array_cols=32, dataflow="os",
+        stationary_load="exposed",
         vector_lanes=32, sram_bytes_per_core=512 * KiB, hbm_bytes=1 * GiB, hbm_gbps=64.0,
         hbm_latency_ns=100.0, host_link_gbps=16.0, dma_channels=1, dma_setup_ns=1000.0,
         launch_overhead_ns=0.0, int8_macs_per_pe=1.0, float16_macs_per_pe=1.0,

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from npu_sim import DeviceConfig, TensorSpec
 from npu_sim.config import DATAFLOWS, PRESETS
 from npu_sim.cost import KNOWN_OPS, Cost, conv_cycles, gemm_cycles, op_cost
-from npu_sim.errors import KernelError
+from npu_sim.errors import ConfigError, KernelError
 
 OS32 = DeviceConfig.preset("os32")
 CONFIGS = [DeviceConfig.preset(p).replace(dataflow=d) for p in PRESETS for d in DATAFLOWS]
@@ -24,6 +24,7 @@ FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 
 configs = st.sampled_from(CONFIGS)
 dims = st.integers(1, 300)
+sizes = st.integers(0, 300)
 small = st.integers(1, 64)
 
 
@@ -58,7 +59,8 @@ def io_bytes(m, k, n, dtype, batch=1) -> int:
 @given(m=st.integers(0, 2000), n=st.integers(0, 2000), k=st.integers(0, 2000),
        dtype=st.sampled_from(("int8", "uint8", *FLOAT_DTYPES)))
 def test_os32_reproduces_scalesim_formula(m, n, k, dtype):
-    expected = math.ceil(m / 32) * math.ceil(n / 32) * (k + 62) if m and n and k else 0
+    # os32 exposes the stationary load: SCALE-Sim's count, to the last busy cycle (- 1).
+    expected = math.ceil(m / 32) * math.ceil(n / 32) * (k + 62) - 1 if m and n and k else 0
     assert gemm_cycles(OS32, m, n, k, dtype) == expected
 
 
@@ -69,7 +71,7 @@ def test_conv_cycles_is_the_gemm_mapping(n, c, h, m, kern, stride, pad, gsel):
     groups = [1, math.gcd(c, m), c][gsel] if gsel < 2 or c == m else 1
     oh = (h + 2 * pad - kern) // stride + 1
     per_group = (math.ceil(n * oh * oh / 32) * math.ceil((m // groups) / 32)
-                 * (kern * kern * c // groups + 62))
+                 * (kern * kern * c // groups + 62)) - 1
     assert conv_cycles(OS32, n, c, h, h, m, kern, kern, stride, pad, groups) == groups * per_group
     if groups == 1:  # op_cost on the single os32 core prices exactly that compute...
         cost = conv(OS32, n, c, h, m, kern, stride, pad)
@@ -82,10 +84,16 @@ def test_conv_cycles_is_the_gemm_mapping(n, c, h, m, kern, stride, pad, gsel):
 def test_weight_and_input_stationary_by_hand():
     # 4x4 array, M=10, N=6, K=9. WS: ceil(9/4)=3 * ceil(6/4)=2 folds of 10+4+4-2 = 16 -> 96.
     # IS: ceil(9/4)=3 * ceil(10/4)=3 folds of 6+6 = 12 -> 108.
-    base = OS32.replace(array_rows=4, array_cols=4)
+    base = OS32.replace(array_rows=4, array_cols=4, stationary_load="hidden")
     assert gemm_cycles(base.replace(dataflow="ws"), 10, 6, 9) == 96
     assert gemm_cycles(base.replace(dataflow="is"), 10, 6, 9) == 108
     assert gemm_cycles(base, 10, 6, 9) == 3 * 2 * (9 + 6)
+    # Exposed (SCALE-Sim): each WS/IS fold also shifts its R = 4 stationary rows in, and the
+    # count ends one cycle earlier: WS 6 folds of 10+8+4-2 = 20 -> 119, IS 9 of 16 -> 143.
+    exposed = base.replace(stationary_load="exposed")
+    assert gemm_cycles(exposed.replace(dataflow="ws"), 10, 6, 9) == 6 * 20 - 1
+    assert gemm_cycles(exposed.replace(dataflow="is"), 10, 6, 9) == 9 * 16 - 1
+    assert gemm_cycles(exposed, 10, 6, 9) == 3 * 2 * (9 + 6) - 1
 
 
 @given(config=configs, m=dims, n=dims, k=dims)
@@ -203,20 +211,20 @@ def test_worked_example_on_os32():
     # docs/cost_model.md: float16 MatMul 64x100 @ 100x64 on os32 (1 GHz, 64 B/cycle, 100-cycle
     # HBM latency, no launch overhead).
     cost = matmul(OS32, 64, 100, 64)
-    assert cost.compute_cycles == 2 * 2 * (100 + 62)            # 648
+    assert cost.compute_cycles == 2 * 2 * (100 + 62) - 1        # 647
     assert cost.hbm_bytes == 2 * (64 * 100 + 100 * 64 + 64 * 64)  # 33792
     assert cost.memory_cycles == 33792 // 64                     # 528
     # fill: latency + first fold (32x100 of A + 100x32 of B, 2 B each) / 64; drain: 32x32x2 / 64
     assert cost.overhead_cycles == 100 + (2 * 32 * 100 * 2) // 64 + (32 * 32 * 2) // 64  # 332
-    assert cost.total_cycles == 648 + 332
+    assert cost.total_cycles == 647 + 332
     assert (cost.engine, cost.refetch, cost.cores, cost.notes) == ("array", 1.0, 1, "")
     # The doc's second example: 2048x1024 @ 1024x256 holds B in 2 blocks and streams A twice.
     big = matmul(OS32, 2048, 1024, 256)
-    assert big.compute_cycles == 64 * 8 * (1024 + 62)
-    assert big.total_cycles == 64 * 8 * (1024 + 62) + 100 + (2 * 32 * 1024 * 2) // 64 + 32
+    assert big.compute_cycles == 64 * 8 * (1024 + 62) - 1
+    assert big.total_cycles == 64 * 8 * (1024 + 62) - 1 + 100 + (2 * 32 * 1024 * 2) // 64 + 32
     assert big.refetch == pytest.approx(9.5 / 5.5)
     # ...and the first-layer convolution: Sr = 1024, Sc = 16, T = 27.
-    assert conv_cycles(OS32, 1, 3, 32, 32, 16, 3, 3, 1, 1) == 32 * 1 * (27 + 62)
+    assert conv_cycles(OS32, 1, 3, 32, 32, 16, 3, 3, 1, 1) == 32 * 1 * (27 + 62) - 1
 
 
 @given(m=st.integers(1, 2000), k=st.integers(1, 2000), n=st.integers(1, 2000))
@@ -283,17 +291,18 @@ OS32X4 = OS32.replace(cores=4, hbm_gbps=4096.0)
 
 def test_row_split_by_hand():
     # 129x100 @ 100x64: each core takes ceil(129/4) = 33 rows -> ceil(33/32) = 2 row folds
-    # (flooring to 32 rows would give 1) x ceil(64/32) = 2 column folds of 100 + 62 cycles.
+    # (flooring to 32 rows would give 1) x ceil(64/32) = 2 column folds of 100 + 62 cycles,
+    # less the exposed count's last cycle.
     cost = matmul(OS32X4, 129, 100, 64)
-    assert (cost.engine, cost.cores, cost.compute_cycles) == ("array", 4, 2 * 2 * (100 + 62))
+    assert (cost.engine, cost.cores, cost.compute_cycles) == ("array", 4, 2 * 2 * (100 + 62) - 1)
 
 
 def test_item_split_by_hand():
-    # Batched B: 5 separate 32x64 @ 64x32 GEMMs of 1 fold (64 + 62 cycles). Row split: every
-    # core does all 5 on 8 rows (630); item split: the busiest core does ceil(5/4) = 2 (252).
+    # Batched B: 5 separate 32x64 @ 64x32 GEMMs of 1 fold (64 + 62 - 1 cycles, exposed). Row
+    # split: every core does all 5 on 8 rows; item split: the busiest core does ceil(5/4) = 2.
     cost = op_cost(OS32X4, "MatMul", [TensorSpec((5, 32, 64)), TensorSpec((5, 64, 32))],
                    [TensorSpec((5, 32, 32))], {})
-    assert (cost.engine, cost.cores, cost.compute_cycles) == ("array", 4, 2 * (64 + 62))
+    assert (cost.engine, cost.cores, cost.compute_cycles) == ("array", 4, 2 * (64 + 62 - 1))
 
 
 def test_vector_split_rounds_the_busiest_core_up():
@@ -425,3 +434,32 @@ def test_attribute_forms_price_the_same():
                                                         "pads": (0, 0, 0, 0)})
     default = op_cost(OS32, "Conv", inputs, outputs, {})
     assert as_list == as_numpy == default
+
+
+
+@given(m=sizes, n=sizes, k=sizes, rows=st.integers(1, 64), cols=st.integers(1, 64),
+       flow=st.sampled_from(["os", "ws", "is"]))
+def test_exposed_stationary_load_is_scalesim_exact(m, n, k, rows, cols, flow):
+    """SCALE-Sim 3.0.0's stall-free counts (Sr = M output rows, Sc = N columns, T = K):
+    OS ceil(Sr/R)*ceil(Sc/C)*(T+R+C-2) - 1, WS ceil(T/R)*ceil(Sc/C)*(Sr+2R+C-2) - 1,
+    IS ceil(T/R)*ceil(Sr/C)*(Sc+2R+C-2) - 1; hidden drops the R and the - 1."""
+    config = OS32.replace(array_rows=rows, array_cols=cols, dataflow=flow)
+    r, c = rows, cols
+    if not (m and n and k):
+        assert gemm_cycles(config, m, n, k) == 0
+        return
+    folds, stream = {"os": (math.ceil(m / r) * math.ceil(n / c), k),
+                     "ws": (math.ceil(k / r) * math.ceil(n / c), m),
+                     "is": (math.ceil(k / r) * math.ceil(m / c), n)}[flow]
+    load = 0 if flow == "os" else r
+    assert gemm_cycles(config, m, n, k) == folds * (stream + load + r + c - 2) - 1
+    hidden = config.replace(stationary_load="hidden")
+    assert gemm_cycles(hidden, m, n, k) == folds * (stream + r + c - 2)
+
+
+def test_stationary_load_is_validated_and_old_files_default_to_hidden(tmp_path):
+    with pytest.raises(ConfigError, match=r"stationary_load.*'shadow'.*\['hidden', 'exposed'\]"):
+        OS32.replace(stationary_load="shadow")
+    old = tmp_path / "old.json"
+    old.write_text('{"name": "mine", "dataflow": "ws"}')
+    assert DeviceConfig.from_file(old).stationary_load == "hidden"

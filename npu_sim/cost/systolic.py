@@ -14,6 +14,17 @@ ws    weights (K x N)  ceil(K/R) * ceil(N/C)       M
 is    inputs (K x M)   ceil(K/R) * ceil(M/C)       N
 ====  ===============  ==========================  ================
 
+With ``stationary_load = "exposed"`` (the ``os32`` preset) the counts are SCALE-Sim's exactly:
+a weight- or input-stationary fold also takes ``R`` cycles to shift its stationary operand in
+(``stream + 2R + C - 2``), and the total is one less (SCALE-Sim counts to the last busy cycle):
+
+* OS ``ceil(Sr/R) * ceil(Sc/C) * (T + R + C - 2) - 1``
+* WS ``ceil(T/R) * ceil(Sc/C) * (Sr + 2R + C - 2) - 1``
+* IS ``ceil(T/R) * ceil(Sr/C) * (Sc + 2R + C - 2) - 1``
+
+With ``"hidden"`` (shadow registers, every other preset) the next fold's operand loads while
+the current one computes and no ``R`` is paid.
+
 The per-dtype MAC rate ``r = config.macs_per_pe(dtype)`` scales the streamed length: a PE that
 does ``r`` MACs per cycle consumes ``r`` stream steps per cycle (``ceil(L / r)`` cycles), one that
 does a quarter MAC per cycle takes four cycles per step. The skew is register-to-register and
@@ -66,7 +77,12 @@ def gemm_cycles(config: DeviceConfig, m: int, n: int, k: int, dtype: str = "floa
     else:  # "is"
         folds = -(-k // rows) * -(-m // cols)
         stream = n
-    return folds * (math.ceil(stream / rate) + skew)
+    if config.stationary_load == "hidden":
+        return folds * (math.ceil(stream / rate) + skew)
+    # Exposed, as SCALE-Sim counts it: a weight- or input-stationary fold first shifts its R
+    # rows of stationary operand in; the count ends on the last busy cycle (hence - 1).
+    load = rows if flow != "os" else 0
+    return folds * (math.ceil(stream / rate) + skew + load) - 1
 
 
 def conv_output_size(size: int, kernel: int, stride: int, pad_total: int, dilation: int) -> int:
