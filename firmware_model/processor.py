@@ -19,6 +19,7 @@ completion entries back while the completion ring is full (:mod:`firmware_model.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -117,7 +118,7 @@ class Firmware:
         self.weights = WeightStore(self)
         """The device's resident weights, shared by content across loaded programs."""
         for q in self._queues:
-            self.env.process(self._processor(q))
+            self.env.process(_processor(weakref.ref(self), q))
 
     # -- host API -----------------------------------------------------------------------------
 
@@ -233,20 +234,6 @@ class Firmware:
             raise InvalidCommand(self.scope, f"queue={queue!r}; expected an integer in "
                                              f"[0, {len(self._queues)})")
         return self._queues[queue]
-
-    def _processor(self, q: Queue):
-        ctx = _Context()
-        while True:
-            tail, job = yield q.doorbell.get()
-            sub = job.submission
-            while q.ring.fetched < tail:
-                seq, raw = q.ring.fetch()
-                if seq == sub.first:
-                    ctx = _Context()
-                self._start(q, ctx, seq, raw, sub.program, job.functional)
-            if q.ring.fetched == sub.first + sub.count:
-                ctx = _Context()  # the submission is fetched: forget its ids
-            q.fetched()  # their slots are free: the host may write the next refill
 
     def _start(self, q: Queue, ctx: _Context, seq: int, raw: bytes,
                program: LoadedProgram | None, functional: bool) -> None:
@@ -423,3 +410,31 @@ class Firmware:
             self._fault_log[(q.index, rec.seq)] = rec.message
         q.post(rec.cmd_id, rec.status, rec.seq, rec.start, now)
         rec.done.succeed(rec.status)  # dependents need not wait for the completion entry
+
+
+def _processor(firmware: weakref.ref[Firmware], q: Queue):
+    """The command processor of queue ``q``: wait for a doorbell, fetch what it rang for and
+    start each descriptor.
+
+    It holds its firmware weakly while it waits: a process the simulation clock keeps alive
+    must not keep the firmware (and through it the device and its HBM) alive, or a session's
+    device would be freed only when the cyclic garbage collector runs, not when the session is
+    dropped.
+    """
+    ctx = _Context()
+    while True:
+        tail, job = yield q.doorbell.get()
+        fw = firmware()
+        if fw is None:
+            return
+        sub = job.submission
+        while q.ring.fetched < tail:
+            seq, raw = q.ring.fetch()
+            if seq == sub.first:
+                ctx = _Context()
+            fw._start(q, ctx, seq, raw, sub.program, job.functional)
+        del fw
+        if q.ring.fetched == sub.first + sub.count:
+            ctx = _Context()  # the submission is fetched: forget its ids
+        del job, sub  # a waiting processor holds no program (nor, through it, the firmware)
+        q.fetched()  # their slots are free: the host may write the next refill
