@@ -31,12 +31,13 @@ from npu_sim import kernels as npu_kernels
 
 from ... import errors
 from ...framework.shapes import WEIGHT_BYTES, nbytes
+from ..ops import ops_where
 
 TensorType = tuple[str, tuple[int, ...]]
 
 # Ops whose result depends on the opset's definition, not only on attributes: their kernels take
 # the opset as the ``_opset`` attribute.
-OPSET_DEPENDENT = frozenset({"Softmax", "LogSoftmax", "Hardmax", "Split"})
+OPSET_DEPENDENT = ops_where(opset_dependent=True)
 
 
 @dataclass

@@ -4,6 +4,8 @@ Every remaining node becomes one launch (op type, input/output tensor indices, a
 plain data: tuples rather than lists, python scalars rather than numpy ones), in graph order,
 which is topological; launch ``i`` runs at *step* ``i`` of the memory plan.
 
+How a node lowers is its operator catalogue entry's :class:`~ep.npusim.ops.Lowering`; an op
+outside the catalogue, or one the catalogue says is always folded, left unfolded, does not lower.
 Views do not launch anything. ``Reshape``, ``Flatten``, ``Squeeze``, ``Unsqueeze``, ``Identity``
 and ``Dropout`` (inference, mask unused) produce the same bytes as their input, so their output
 tensor *aliases* its input: it gets the input's storage, and the storage lives until the last
@@ -21,9 +23,11 @@ import numpy as np
 from npu_sim.dtypes import TensorSpec
 
 from ... import errors
+from ..ops import Lowering, entries, ops_where
 from .ir import SubGraph
 
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
+VIEW_OPS = ops_where(lowering=Lowering.VIEW)
+"""Ops whose output aliases their input (when the dtypes agree and the input is not constant)."""
 
 
 @dataclass(frozen=True)
@@ -101,9 +105,21 @@ def lower(graph: SubGraph) -> Lowered:
         if node.domain not in ("", "ai.onnx"):
             raise errors.NotImplemented(f"NpuSim compiler: node {node.name!r} is {node.op} of "
                                         f"domain {node.domain!r}; only the ONNX domain lowers")
+        _check_launchable(node)
         launches.append(Launch(node.op, ins, outs, plain_attrs(node.name, node.attrs), node.name))
     outputs = [tensor(o) for o in graph.outputs]
     return Lowered(tensors, launches, [index[n] for n in graph.inputs], outputs, consts, views)
+
+
+def _check_launchable(node: Any) -> None:
+    """Refuse a node whose op has no kernel launch in the operator catalogue."""
+    entry = entries().get(node.op)
+    if entry is None:
+        raise errors.NotImplemented(f"NpuSim compiler: node {node.name!r} is {node.op}, which "
+                                    f"is not in the operator catalogue (ep/npusim/ops)")
+    if entry.lowering is Lowering.FOLD:
+        raise errors.NotImplemented(f"NpuSim compiler: node {node.name!r} ({node.op}) is always "
+                                    f"folded at compile time, but its inputs are not constant")
 
 
 def _is_view(graph: SubGraph, node: Any) -> bool:

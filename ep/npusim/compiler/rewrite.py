@@ -30,11 +30,11 @@ import numpy as np
 from npu_sim import dtypes
 from npu_sim.kernels.limits import check_elements
 
+from ..ops import Fusion, ops_where
 from .ir import Node, SubGraph, run_node
 
-FUSABLE_ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish",
-                       "Tanh", "Gelu")
-ACTIVATION_HOSTS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+FUSABLE_ACTIVATIONS = ops_where(fusion=Fusion.ACTIVATION)
+ACTIVATION_HOSTS = ops_where(fusion=Fusion.HOST)
 FLOAT_TYPES = ("float32", "float16", "bfloat16")
 
 # The first constant-folding pass keeps DequantizeLinear of constant weights, so that fold_qdq

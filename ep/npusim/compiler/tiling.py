@@ -8,7 +8,8 @@ For every launch the compiler decides
   within :data:`SPLIT_GAIN` of the best over ``1..cores``: a small op stays on fewer cores when
   splitting does not pay, leaving the others free for an independent branch;
 - the *SRAM tiling*: per core, tile sizes that fit ``sram_bytes_per_core`` with the streamed
-  operands double-buffered. A GEMM-shaped op (Conv as im2col, Gemm, MatMul and their QLinear
+  operands double-buffered. Which ops are GEMM-shaped is their operator catalogue entry's
+  :class:`~ep.npusim.ops.Tiling`. A GEMM-shaped op (Conv as im2col, Gemm, MatMul and their QLinear
   forms) tiles ``(tm, tn, tk)``: ``2 * (tm*tk + tk*tn) * itemsize + tm*tn * 4`` bytes (the
   accumulator is 32-bit); a vector op tiles a run of elements through ``2 * operands`` buffers.
   Tiles start at the whole per-core problem and the largest dimension is halved until they fit.
@@ -30,11 +31,13 @@ from npu_sim.config import DeviceConfig
 from npu_sim.cost import op_cost
 from npu_sim.dtypes import TensorSpec, itemsize
 
+from ..ops import Tiling, entry, ops_where
+
 SPLIT_GAIN = 0.05
 """Another core must save at least this fraction of the launch's cycles to be worth taking."""
 
-GEMM_OPS = frozenset({"Gemm", "MatMul", "QLinearMatMul", "MatMulInteger"})
-CONV_OPS = frozenset({"Conv", "ConvTranspose", "QLinearConv", "ConvInteger"})
+GEMM_OPS = ops_where(tiling=Tiling.GEMM)
+CONV_OPS = ops_where(tiling=Tiling.CONV)
 ACC_BYTES = 4
 
 
@@ -119,7 +122,7 @@ def _gemm_dims(
             k = x.shape[0]
         return max(1, math.prod(out[:-1])), out[-1], k, x.dtype
     if op in CONV_OPS and len(out) >= 3:
-        w_index = 3 if op == "QLinearConv" else 1
+        w_index = entry(op).weight_input
         w = in_specs[w_index] if len(in_specs) > w_index else None
         if w is None:
             return None
