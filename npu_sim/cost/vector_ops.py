@@ -187,5 +187,5 @@ VECTOR_OPS: dict[str, Handler] = {
     "LRN": _lrn,
     "MaxPool": _pool, "AveragePool": _pool,
     "GlobalAveragePool": _global_pool, "GlobalMaxPool": _global_pool,
-    "Resize": _resize,
+    "Resize": _resize, "Upsample": _resize,
 }
