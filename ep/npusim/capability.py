@@ -19,13 +19,13 @@ partitioner splits a group further if keeping it whole would create a cycle betw
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from ep.framework.graph import GraphView
 from ep.framework.provider import ComputeCapability
 
-from .ops import OpSupport, entries
-from .ops.catalogue import ALL, BOOL, FLOATS, INTS, MAX_OPSET, NUMERIC
+from .ops import OpSupport
+from .ops.catalogue import ALL, BOOL, FLOATS, INTS, MAX_OPSET, NUMERIC, SupportTable
 from .ops.rules import is_dead, live_outputs, require_constant
 
 __all__ = ["ALL", "BOOL", "FLOATS", "INTS", "MAX_OPSET", "NUMERIC", "SUPPORT_TABLE", "OpSupport",
@@ -33,8 +33,9 @@ __all__ = ["ALL", "BOOL", "FLOATS", "INTS", "MAX_OPSET", "NUMERIC", "SUPPORT_TAB
 
 _INFERRED = "unk__"  # prefix of the dim_params ONNX shape inference invents for unknown dims
 
-SUPPORT_TABLE: dict[str, OpSupport] = {op: e.support for op, e in sorted(entries().items())}
-"""op_type -> what the NPU supports of it (ops of the default ONNX domain), from the catalogue."""
+SUPPORT_TABLE: Mapping[str, OpSupport] = SupportTable()
+"""op_type -> what the NPU supports of it (ops of the default ONNX domain), read live from the
+catalogue."""
 
 
 def _static(graph: GraphView, tensor: str, role: str) -> str | None:

@@ -101,6 +101,33 @@ def test_the_compiler_refuses_to_lower_an_op_outside_the_catalogue():
         compile_subgraph(sub, DeviceConfig.preset("npu-s"), name="p")
 
 
+def test_a_kernel_and_one_entry_are_all_an_op_needs_to_run_on_the_npu():
+    def softplus(inputs, attrs):
+        return [np.logaddexp(np.float32(0), inputs[0])]
+
+    def cycles(config, in_specs, out_specs, attrs, cores=1):  # priced as one elementwise pass
+        return op_cost(config, "Relu", in_specs, out_specs, {}, cores)
+
+    node = helper.make_node("Softplus", ["x"], ["y"], name="n")
+    graph = helper.make_graph([node], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, (2, 5))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (2, 5))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    x = np.linspace(-20, 20, 10, dtype=np.float32).reshape(2, 5)
+    assert ep.InferenceSession(model.SerializeToString()).get_node_assignment()["n"] != NPU
+    npu_kernels.register_kernel("Softplus", softplus, cycles=cycles)
+    try:
+        ops.register("Softplus", since=1)(type("Softplus", (Op,), {}))
+        assert "Softplus" in SUPPORT_TABLE and "Softplus" not in ops.ops_where(tiling=Tiling.GEMM)
+        session = ep.InferenceSession(model.SerializeToString())
+        assert session.get_node_assignment()["n"] == NPU
+        assert assert_matches_onnxruntime(model, {"x": x}) is not None
+    finally:
+        ops.remove("Softplus")
+        npu_kernels.unregister_kernel("Softplus")
+    assert "Softplus" not in SUPPORT_TABLE
+
+
 # -- Upsample: had a kernel, but no price and no support row ----------------------------------
 
 

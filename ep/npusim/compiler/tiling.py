@@ -2,9 +2,10 @@
 
 For every launch the compiler decides
 
-- the *core split*: how many cores ``k`` the launch runs on. The cost model
-  (:func:`npu_sim.cost.op_cost`, which the device also prices the launch with) decides how work
-  splits over ``k`` cores and how many of them get any; ``k`` is the smallest count whose cost is
+- the *core split*: how many cores ``k`` the launch runs on. The launch's price, as the device
+  computes it (:func:`ep.npusim.ops.price`: the kernel's own cycles, else
+  :func:`npu_sim.cost.op_cost`), decides how work splits over ``k`` cores and how many of them
+  get any; ``k`` is the smallest count whose cost is
   within :data:`SPLIT_GAIN` of the best over ``1..cores``: a small op stays on fewer cores when
   splitting does not pay, leaving the others free for an independent branch;
 - the *SRAM tiling*: per core, tile sizes that fit ``sram_bytes_per_core`` with the streamed
@@ -28,10 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from npu_sim.config import DeviceConfig
-from npu_sim.cost import op_cost
 from npu_sim.dtypes import TensorSpec, itemsize
 
-from ..ops import Tiling, entry, ops_where
+from ..ops import Tiling, entry, ops_where, price
 
 SPLIT_GAIN = 0.05
 """Another core must save at least this fraction of the launch's cycles to be worth taking."""
@@ -66,13 +66,14 @@ def plan_launch(
     attrs: Mapping[str, Any],
 ) -> TilePlan:
     """Choose the core split and SRAM tiles of one launch (see the module docstring)."""
-    costs = [op_cost(config, op, in_specs, out_specs, attrs, k)
+    costs = [price(config, op, in_specs, out_specs, attrs, k)
              for k in range(1, config.cores + 1)]
     best = min(c.total_cycles for c in costs)
     cores = next(k for k, c in enumerate(costs, 1) if c.total_cycles <= best * (1 + SPLIT_GAIN))
     tile, sram = _tiles(config, op, in_specs, out_specs, attrs, cores)
     chosen = costs[cores - 1]
-    return TilePlan(cores, tile, sram, chosen.total_cycles, costs[0].total_cycles, chosen.engine)
+    return TilePlan(cores, tile, sram, chosen.total_cycles, costs[0].total_cycles,
+                    getattr(chosen, "engine", "vector"))
 
 
 def _tiles(

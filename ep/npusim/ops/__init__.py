@@ -36,8 +36,10 @@ from .catalogue import (
     entries,
     entry,
     ops_where,
+    price,
     register,
+    remove,
 )
 
 __all__ = ["CatalogueError", "Fusion", "Lowering", "Op", "OpEntry", "OpSupport", "Tiling",
-           "entries", "entry", "ops_where", "register"]
+           "entries", "entry", "ops_where", "price", "register", "remove"]

@@ -32,12 +32,14 @@ The compiler's and capability's tables are views of :func:`entries`.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from npu_sim import cost as npu_cost
 from npu_sim import kernels as npu_kernels
+from npu_sim.config import DeviceConfig
+from npu_sim.dtypes import TensorSpec
 
 if TYPE_CHECKING:
     from ep.framework.graph import GraphView
@@ -189,6 +191,22 @@ def priced(kernel: str) -> bool:
     return npu_kernels.lookup(kernel).cycles is not None or kernel in npu_cost.KNOWN_OPS
 
 
+def price(
+    config: DeviceConfig,
+    kernel: str,
+    in_specs: Sequence[TensorSpec | None],
+    out_specs: Sequence[TensorSpec],
+    attrs: Mapping[str, Any],
+    cores: int,
+) -> Any:
+    """A launch of ``kernel`` on ``cores`` cores priced as the device prices it: with the
+    kernel's own cycles function if it has one, else :func:`npu_sim.cost.op_cost`."""
+    cycles = npu_kernels.lookup(kernel).cycles
+    if cycles is not None:
+        return cycles(config, in_specs, out_specs, attrs, cores=cores)
+    return npu_cost.op_cost(config, kernel, in_specs, out_specs, attrs, cores)
+
+
 def entry(op_type: str) -> OpEntry:
     """The entry of ``op_type``; an op outside the catalogue names the ones inside."""
     try:
@@ -198,12 +216,60 @@ def entry(op_type: str) -> OpEntry:
                              f"{', '.join(sorted(_CATALOGUE))}") from None
 
 
+def remove(op_type: str) -> None:
+    """Remove an entry (for tests that register temporary ones)."""
+    _CATALOGUE.pop(op_type, None)
+
+
 def entries() -> dict[str, OpEntry]:
     """Every entry by op type (a copy)."""
     return dict(_CATALOGUE)
 
 
-def ops_where(**fields: object) -> frozenset[str]:
-    """Op types whose entries have every given field value (``ops_where(tiling=Tiling.GEMM)``)."""
-    return frozenset(op for op, e in _CATALOGUE.items()
-                     if all(getattr(e, k) == v for k, v in fields.items()))
+class OpsWhere(Set[str]):
+    """The op types whose entries have given field values, read live from the catalogue."""
+
+    def __init__(self, fields: Mapping[str, object]) -> None:
+        self._fields = dict(fields)
+
+    def _matches(self, e: OpEntry) -> bool:
+        return all(getattr(e, k) == v for k, v in self._fields.items())
+
+    def __contains__(self, op: object) -> bool:
+        e = _CATALOGUE.get(op) if isinstance(op, str) else None
+        return e is not None and self._matches(e)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(op for op, e in _CATALOGUE.items() if self._matches(e)))
+
+    def __len__(self) -> int:
+        return sum(1 for e in _CATALOGUE.values() if self._matches(e))
+
+    @classmethod
+    def _from_iterable(cls, it: object) -> frozenset[str]:
+        return frozenset(it)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        return f"OpsWhere({sorted(self)})"
+
+
+def ops_where(**fields: object) -> OpsWhere:
+    """Op types whose entries have every given field value (``ops_where(tiling=Tiling.GEMM)``),
+    as a live set: an entry registered later is in it."""
+    return OpsWhere(fields)
+
+
+class SupportTable(Mapping[str, OpSupport]):
+    """op type -> :class:`OpSupport`, read live from the catalogue."""
+
+    def __getitem__(self, op: str) -> OpSupport:
+        try:
+            return _CATALOGUE[op].support
+        except KeyError:
+            raise KeyError(op) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(_CATALOGUE))
+
+    def __len__(self) -> int:
+        return len(_CATALOGUE)
