@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
@@ -69,6 +69,17 @@ def test_models_shrink_to_a_single_node(data):
     # The smallest draw is one node: what a failing model shrinks towards.
     model = data.draw(models("cnn", min_nodes=1, max_nodes=1))
     assert len(model.graph.node) in (1, 2)  # a family may emit a pair (Flatten + Gemm)
+
+
+@pytest.mark.parametrize(("kind", "op"), [("arbitrary", "Softmax"), ("cnn", "MaxPool"),
+                                          ("transformer", "LayerNormalization")])
+def test_a_failing_model_shrinks_to_the_one_node_it_needs(kind, op):
+    # hypothesis shrinks a model that "fails" (contains op) to that op alone.
+    fails = settings(database=None, derandomize=True, max_examples=500,
+                     suppress_health_check=list(HealthCheck))
+    model = find(models(kind), lambda m: any(n.op_type == op for n in m.graph.node),
+                 settings=fails)
+    assert [n.op_type for n in model.graph.node] == [op]
 
 
 def test_fill_styles():
