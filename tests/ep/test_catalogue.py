@@ -15,6 +15,7 @@ from ep.npusim.capability import SUPPORT_TABLE, check_node
 from ep.npusim.compiler import compile_subgraph
 from ep.npusim.compiler.ir import SubGraph
 from ep.npusim.ops import CatalogueError, Fusion, Lowering, Op, Tiling
+from ep.npusim.ops.__main__ import DOC, render
 from ep.testing import assert_matches_onnxruntime
 from npu_sim import DeviceConfig
 from npu_sim import kernels as npu_kernels
@@ -46,6 +47,10 @@ def test_every_kernel_the_device_has_is_offered_by_the_catalogue():
 def test_support_table_is_the_catalogues():
     assert set(SUPPORT_TABLE) == set(ENTRIES)
     assert all(SUPPORT_TABLE[op] is e.support for op, e in ENTRIES.items())
+
+
+def test_the_operator_table_in_the_docs_is_the_catalogues():
+    assert DOC.read_text() == render(), "docs/operators.md is stale: python -m ep.npusim.ops"
 
 
 def test_ops_priced_on_the_array_are_exactly_those_tiled_as_gemms():
