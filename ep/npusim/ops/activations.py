@@ -37,6 +37,7 @@ class Clip(Op):
     const_inputs = const("min", "max")
     fusion = Fusion.ACTIVATION
 
+    @staticmethod
     def check(graph: GraphView, i: int) -> str | None:
         for tensor in graph.nodes[i].input[1:3]:
             bound = graph.constant(tensor) if tensor else None

@@ -19,6 +19,7 @@ An op is declared once, by a class registered explicitly in the module of its fa
 
     @register("LRN", since=1)
     class LRN(Op):
+        @staticmethod
         def check(graph, i):
             ...
 
@@ -143,7 +144,8 @@ class Op:
     opset_dependent: bool = False
     """The kernel's result depends on the opset's definition: it receives ``_opset``."""
     check: Check | None = None
-    """``check(graph, i)``: a reason to decline node ``i``, or None. A plain function."""
+    """``check(graph, i)``: a reason to decline node ``i``, or None (a static method, or a
+    shared rule assigned as ``check = spatial``)."""
 
 
 _CATALOGUE: dict[str, OpEntry] = {}

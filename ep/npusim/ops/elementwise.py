@@ -76,6 +76,7 @@ class Dropout(Op):
 
     lowering = Lowering.VIEW
 
+    @staticmethod
     def check(graph: GraphView, i: int) -> str | None:
         inputs = graph.nodes[i].input
         if len(inputs) > 2 and inputs[2]:

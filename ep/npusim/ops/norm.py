@@ -11,6 +11,7 @@ from .rules import live_outputs
 
 @register("BatchNormalization", since=7)
 class BatchNormalization(Op):
+    @staticmethod
     def check(graph: GraphView, i: int) -> str | None:
         attrs = graph.attrs(i)
         if attrs.get("training_mode", 0):
@@ -26,6 +27,7 @@ class BatchNormalization(Op):
 
 @register("LayerNormalization", since=17)
 class LayerNormalization(Op):
+    @staticmethod
     def check(graph: GraphView, i: int) -> str | None:
         if len(live_outputs(graph, i)) > 1:
             return "Mean/InvStdDev outputs not supported (only when nothing reads them)"

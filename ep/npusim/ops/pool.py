@@ -38,6 +38,7 @@ def _pool(graph: GraphView, i: int) -> str | None:
 class MaxPool(Op):
     dtypes = FLOATS + ("int8", "uint8")
 
+    @staticmethod
     def check(graph: GraphView, i: int) -> str | None:
         if len(live_outputs(graph, i)) > 1:
             return "the Indices output is not supported (only when nothing reads it)"
@@ -56,6 +57,7 @@ class GlobalPool(Op):
 
 @register("LRN", since=1)
 class LRN(Op):
+    @staticmethod
     def check(graph: GraphView, i: int) -> str | None:
         size = graph.attrs(i).get("size")
         _, shape = graph.tensor_type(graph.nodes[i].input[0])

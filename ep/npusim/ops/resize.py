@@ -12,6 +12,7 @@ from .rules import const, nonempty, require_constant
 
 @register("Resize", since=10)
 class Resize(Op):
+    @staticmethod
     def check(graph: GraphView, i: int) -> str | None:
         if why := nonempty(graph, i):
             return why
@@ -30,6 +31,7 @@ class Upsample(Op):
     until = 9
     const_inputs = const("scales")
 
+    @staticmethod
     def check(graph: GraphView, i: int) -> str | None:
         if why := nonempty(graph, i):
             return why

@@ -15,6 +15,7 @@ class Reshape(Op):
     const_inputs = const("shape")
     lowering = Lowering.VIEW
 
+    @staticmethod
     def check(graph: GraphView, i: int) -> str | None:
         node = graph.nodes[i]
         if not graph.attrs(i).get("allowzero", 0) or len(node.input) < 2:
