@@ -4,8 +4,9 @@ Every remaining node becomes one launch (op type, input/output tensor indices, a
 plain data: tuples rather than lists, python scalars rather than numpy ones), in graph order,
 which is topological; launch ``i`` runs at *step* ``i`` of the memory plan.
 
-How a node lowers is its operator catalogue entry's :class:`~ep.npusim.ops.Lowering`; an op
-outside the catalogue, or one the catalogue says is always folded, left unfolded, does not lower.
+How a node lowers is its operator catalogue entry's :class:`~ep.npusim.ops.Lowering`. A node
+whose op is not in the catalogue, or is an always-folded op whose inputs were not constant, is
+refused with ``NotImplemented``.
 Views do not launch anything. ``Reshape``, ``Flatten``, ``Squeeze``, ``Unsqueeze``, ``Identity``
 and ``Dropout`` (inference, mask unused) produce the same bytes as their input, so their output
 tensor *aliases* its input: it gets the input's storage, and the storage lives until the last

@@ -5,9 +5,9 @@ For every launch the compiler decides
 - the *core split*: how many cores ``k`` the launch runs on. The launch's price, as the device
   computes it (:func:`ep.npusim.ops.price`: the kernel's own cycles, else
   :func:`npu_sim.cost.op_cost`), decides how work splits over ``k`` cores and how many of them
-  get any; ``k`` is the smallest count whose cost is
-  within :data:`SPLIT_GAIN` of the best over ``1..cores``: a small op stays on fewer cores when
-  splitting does not pay, leaving the others free for an independent branch;
+  get any; ``k`` is the smallest count whose cost is within :data:`SPLIT_GAIN` of the best over
+  ``1..cores``: a small op stays on fewer cores when splitting does not pay, leaving the others
+  free for an independent branch;
 - the *SRAM tiling*: per core, tile sizes that fit ``sram_bytes_per_core`` with the streamed
   operands double-buffered. Which ops are GEMM-shaped is their operator catalogue entry's
   :class:`~ep.npusim.ops.Tiling`. A GEMM-shaped op (Conv as im2col, Gemm, MatMul and their QLinear
