@@ -4,6 +4,8 @@ the catalogue does not offer."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -15,7 +17,7 @@ from ep.npusim.capability import SUPPORT_TABLE, check_node
 from ep.npusim.compiler import compile_subgraph
 from ep.npusim.compiler.ir import SubGraph
 from ep.npusim.ops import CatalogueError, Fusion, Lowering, Op, Tiling
-from ep.npusim.ops.__main__ import DOC, render
+from ep.npusim.ops.__main__ import main, render
 from ep.testing import assert_matches_onnxruntime
 from npu_sim import DeviceConfig
 from npu_sim import kernels as npu_kernels
@@ -49,8 +51,13 @@ def test_support_table_is_the_catalogues():
     assert all(SUPPORT_TABLE[op] is e.support for op, e in ENTRIES.items())
 
 
-def test_the_operator_table_in_the_docs_is_the_catalogues():
-    assert DOC.read_text() == render(), "docs/operators.md is stale: python -m ep.npusim.ops"
+def test_the_operator_table_in_the_docs_is_the_catalogues(tmp_path):
+    doc = Path(__file__).resolve().parents[2] / "docs" / "operators.md"
+    assert doc.read_text() == render(), "docs/operators.md is stale: python -m ep.npusim.ops"
+    assert main(["--check", "--doc", str(doc)]) == 0
+    assert main(["--check", "--doc", str(tmp_path / "missing.md")]) == 1
+    assert main(["--doc", str(tmp_path / "operators.md")]) == 0
+    assert (tmp_path / "operators.md").read_text() == render()
 
 
 def test_ops_priced_on_the_array_are_exactly_those_tiled_as_gemms():

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from . import Fusion, Lowering, Tiling, entries
 
-DOC = Path(__file__).resolve().parents[3] / "docs" / "operators.md"
+DOC = Path("docs") / "operators.md"
+"""Where the doc goes, relative to the working directory (the repository root)."""
 
 _HEADER = """# Operators the NPU runs
 
@@ -52,16 +53,17 @@ def main(argv: list[str] | None = None) -> int:
     """Write the doc; with ``--check``, exit 1 if it differs from the catalogue instead."""
     parser = argparse.ArgumentParser(prog="python -m ep.npusim.ops")
     parser.add_argument("--check", action="store_true", help="only check the doc is current")
+    parser.add_argument("--doc", type=Path, default=DOC, help=f"the doc (default: {DOC})")
     args = parser.parse_args(argv)
     text = render()
     if args.check:
-        current = DOC.read_text() if DOC.exists() else ""
+        current = args.doc.read_text() if args.doc.exists() else ""
         if current != text:
-            print(f"{DOC} is stale: run python -m ep.npusim.ops", file=sys.stderr)
+            print(f"{args.doc} is stale: run python -m ep.npusim.ops", file=sys.stderr)
             return 1
         return 0
-    DOC.write_text(text)
-    print(f"wrote {DOC}")
+    args.doc.write_text(text)
+    print(f"wrote {args.doc}")
     return 0
 
 
