@@ -46,6 +46,12 @@ def test_every_kernel_the_device_has_is_offered_by_the_catalogue():
     assert set(npu_kernels.names()) == {e.kernel for e in ENTRIES.values() if e.kernel}
 
 
+@pytest.mark.parametrize("op", sorted(op for op, s in SUPPORT_TABLE.items() if s.check))
+def test_every_check_says_what_it_requires(op):
+    # its first docstring line is the "checks" column of docs/operators.md
+    assert (SUPPORT_TABLE[op].check.__doc__ or "").strip()
+
+
 def test_support_table_is_the_catalogues():
     assert set(SUPPORT_TABLE) == set(ENTRIES)
     assert all(SUPPORT_TABLE[op] is e.support for op, e in ENTRIES.items())

@@ -20,7 +20,8 @@ edit by hand (`tests/ep/test_catalogue.py` fails when it is stale). How to add a
 `InferenceSession.get_decline_reasons()` says why.
 
 Opsets are those of the model's default domain. *Constant* inputs must be initializers or
-`Constant` outputs. *Checks*: further rules on attributes and shapes (see the op's class).
+`Constant` outputs. *Checks*: further rules on attributes and shapes (the op's class has
+them in full).
 *Lowering*: `launch` (one kernel launch), `view` (aliases its input, no launch), `fold`
 (evaluated at compile time). *Tiling*: `gemm`, `conv` (im2col) or `vector`. *Fusion*: `host`
 applies a fused activation, `activation` is fused into its producer.
@@ -29,6 +30,14 @@ applies a fused activation, `activation` is fused into its producer.
 
 def _cell(values: tuple[str, ...] | None) -> str:
     return ", ".join(values) if values else ""
+
+
+def _rule(check: object) -> str:
+    """The first line of a check's docstring: what it requires."""
+    if check is None:
+        return ""
+    doc = (getattr(check, "__doc__", None) or "").strip()
+    return doc.splitlines()[0] if doc else "yes"
 
 
 def render() -> str:
@@ -40,7 +49,7 @@ def render() -> str:
         rows.append("| " + " | ".join([
             f"`{op}`", f"{s.since_opset}-{s.until_opset}", _cell(s.dtypes),
             _cell(s.output_dtypes), _cell(tuple(name for _, name in s.const_inputs)),
-            "yes" if s.check else "", e.lowering.value,
+            _rule(s.check), e.lowering.value,
             "" if e.lowering is Lowering.FOLD else e.tiling.value,
             "" if e.fusion is Fusion.NONE else e.fusion.value,
         ]) + " |")

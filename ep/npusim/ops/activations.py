@@ -39,6 +39,7 @@ class Clip(Op):
 
     @staticmethod
     def check(graph: GraphView, i: int) -> str | None:
+        """No constant NaN bound (onnxruntime's result differs)."""
         for tensor in graph.nodes[i].input[1:3]:
             bound = graph.constant(tensor) if tensor else None
             if bound is not None and np.isnan(bound.astype(np.float64)).any():

@@ -78,6 +78,7 @@ class Dropout(Op):
 
     @staticmethod
     def check(graph: GraphView, i: int) -> str | None:
+        """Inference only: training_mode absent or a constant false."""
         inputs = graph.nodes[i].input
         if len(inputs) > 2 and inputs[2]:
             mode = graph.constant(inputs[2])

@@ -13,6 +13,7 @@ from .rules import live_outputs
 class BatchNormalization(Op):
     @staticmethod
     def check(graph: GraphView, i: int) -> str | None:
+        """Inference only: training_mode=0, spatial=1, no running mean/var outputs."""
         attrs = graph.attrs(i)
         if attrs.get("training_mode", 0):
             return "training_mode=1 not supported; only inference"
@@ -29,6 +30,7 @@ class BatchNormalization(Op):
 class LayerNormalization(Op):
     @staticmethod
     def check(graph: GraphView, i: int) -> str | None:
+        """Mean and InvStdDev outputs unread."""
         if len(live_outputs(graph, i)) > 1:
             return "Mean/InvStdDev outputs not supported (only when nothing reads them)"
         return None

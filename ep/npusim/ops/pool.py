@@ -9,7 +9,7 @@ from .rules import live_outputs, spatial
 
 
 def _pool(graph: GraphView, i: int) -> str | None:
-    """MaxPool / AveragePool: ceil_mode windows that would start in the end padding."""
+    """Input rank 3 to 5; with ceil_mode=1, no last window starting in the end padding."""
     if why := spatial(graph, i):
         return why
     attrs = graph.attrs(i)
@@ -40,6 +40,7 @@ class MaxPool(Op):
 
     @staticmethod
     def check(graph: GraphView, i: int) -> str | None:
+        """Indices output unread; otherwise as AveragePool."""
         if len(live_outputs(graph, i)) > 1:
             return "the Indices output is not supported (only when nothing reads it)"
         return _pool(graph, i)
@@ -59,6 +60,7 @@ class GlobalPool(Op):
 class LRN(Op):
     @staticmethod
     def check(graph: GraphView, i: int) -> str | None:
+        """Rank-4 input; an odd size of at most 2 * channels + 1."""
         size = graph.attrs(i).get("size")
         _, shape = graph.tensor_type(graph.nodes[i].input[0])
         if not isinstance(size, int) or size < 1 or size % 2 == 0:

@@ -14,6 +14,7 @@ from .rules import const, nonempty, require_constant
 class Resize(Op):
     @staticmethod
     def check(graph: GraphView, i: int) -> str | None:
+        """Non-empty input; mode nearest or linear; constant scales and sizes."""
         if why := nonempty(graph, i):
             return why
         mode = graph.attrs(i).get("mode", "nearest")
@@ -33,6 +34,7 @@ class Upsample(Op):
 
     @staticmethod
     def check(graph: GraphView, i: int) -> str | None:
+        """Non-empty input; mode nearest or linear; scales >= 1; linear only over inner axes."""
         if why := nonempty(graph, i):
             return why
         mode = graph.attrs(i).get("mode", "nearest")

@@ -18,7 +18,7 @@ def const(*names: str, start: int = 1) -> tuple[tuple[int, str], ...]:
 
 
 def spatial(graph: GraphView, i: int) -> str | None:
-    """Convolutions and pools: 1 to 3 spatial dimensions (input rank 3..5)."""
+    """Input rank 3 to 5: N, C and 1 to 3 spatial dimensions."""
     _, shape = graph.tensor_type(graph.nodes[i].input[0])
     if shape is not None and not 3 <= len(shape) <= 5:
         return f"input rank {len(shape)} not supported; expected 3 to 5 (N, C, 1-3 spatial dims)"

@@ -17,6 +17,7 @@ class Reshape(Op):
 
     @staticmethod
     def check(graph: GraphView, i: int) -> str | None:
+        """allowzero=1 only without a 0 in shape for a non-empty input."""
         node = graph.nodes[i]
         if not graph.attrs(i).get("allowzero", 0) or len(node.input) < 2:
             return None
