@@ -77,9 +77,11 @@ def _axis(op: str, attrs: Mapping[str, Any]) -> int:
 
 
 def saturate(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Round half to even, clip to ``dtype``'s range and convert."""
+    """Round half to even, clip to ``dtype``'s range and convert; NaN becomes ``dtype``'s
+    minimum, as in onnxruntime (numpy's cast of NaN to an integer is undefined)."""
     info = np.iinfo(dtype)
-    return np.clip(np.rint(values), info.min, info.max).astype(dtype)
+    rounded = np.clip(np.rint(values), info.min, info.max)
+    return np.where(np.isnan(rounded), info.min, rounded).astype(dtype)
 
 
 @kernel("QuantizeLinear")

@@ -190,3 +190,19 @@ def test_max_reductions_propagate_nan_where_onnxruntime_does(op, n, pos):
 def test_max_reductions_with_a_nan_onnxruntime_skips(op, n, pos):
     model, feeds = _max_of_a_row_with_a_nan(op, n, pos)
     assert_matches_onnxruntime(model, feeds)
+
+
+@pytest.mark.parametrize(("qtype", "zero_point"), [(TensorProto.INT8, 5), (TensorProto.UINT8, 128)])
+def test_quantize_linear_of_nan_gives_the_types_minimum_like_onnxruntime(qtype, zero_point):
+    # numpy's cast of NaN to an integer is undefined (0 here); onnxruntime gives the minimum.
+    zp_dtype = np.int8 if qtype == TensorProto.INT8 else np.uint8
+    inits = [numpy_helper.from_array(np.array(0.01, np.float32), "sc"),
+             numpy_helper.from_array(np.array(zero_point, zp_dtype), "zp")]
+    node = helper.make_node("QuantizeLinear", ["x", "sc", "zp"], ["y"], name="n")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", F, (9,))],
+                              [helper.make_tensor_value_info("y", qtype, (9,))],
+                              initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    x = np.array([np.nan, 1, -1, np.inf, -np.inf, 0, np.nan, 0.5, np.nan], np.float32)
+    out = assert_matches_onnxruntime(model, {"x": x})
+    assert out[0][0] == np.iinfo(zp_dtype).min and _assignment(model)[0] == NPU
