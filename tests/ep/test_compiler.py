@@ -193,20 +193,22 @@ def test_core_split_follows_the_cost_model_not_the_outer_rows():
 
 
 def test_independent_branches_run_on_disjoint_cores():
-    # Two convs of x, each with 2 * array_rows output pixels: two folds of the array, so the
-    # cost model gains nothing past 2 cores. Both are ready at once: list scheduling gives them
-    # disjoint cores of the 4.
+    # Two 1x1 convs of x, each with 2 * array_rows output pixels (two row folds of the array),
+    # 64 output channels (one column fold) and a 16-step reduction (too short for a K split to
+    # pay against the array's skew): the cost model gains nothing past 2 cores. Both are ready
+    # at once: list scheduling gives them disjoint cores of the 4.
     width = NPU_M.array_rows
     r = np.random.default_rng(0)
-    w1, w2 = (r.normal(size=(64, 64, 3, 3)).astype(np.float32) for _ in range(2))
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
-             helper.make_node("Conv", ["x", "w2"], ["b"], pads=[1, 1, 1, 1]),
+    w1, w2 = (r.normal(size=(64, 16, 1, 1)).astype(np.float32) for _ in range(2))
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]),
+             helper.make_node("Conv", ["x", "w2"], ["b"]),
              helper.make_node("Add", ["a", "b"], ["y"])]
-    m = model(nodes, [("x", F, (1, 64, 2, width))], [("y", F, (1, 64, 2, width))],
+    m = model(nodes, [("x", F, (1, 16, 2, width))], [("y", F, (1, 64, 2, width))],
               {"w1": w1, "w2": w2})
     launches = compiled(m).report.launches
     conv_a, conv_b = launches[0], launches[1]
     assert conv_a["cores"] == conv_b["cores"] == 2
+    assert conv_a["split"] == conv_b["split"] == "M"
     assert conv_a["core_mask"] & conv_b["core_mask"] == 0
 
 
