@@ -194,23 +194,25 @@ def gemm_tile(
     ``held`` (``"A"`` or ``"B"``) is the operand :func:`tiled_traffic` keeps resident, in
     ``blocks`` blocks: the resident block spans the whole reduction and ``1/blocks`` of its other
     dimension; the streamed operand's tiles are as large as the rest of the SRAM allows with two
-    in flight, beside a 32-bit accumulator tile. If even one streamed row or column does not fit,
-    the reduction is cut until it does.
+    in flight, beside a 32-bit accumulator tile. If that still does not fit (a reduction too
+    long for one streamed row), the largest tile dimension is halved until it does.
     """
     sram = config.sram_bytes_per_core
     m, n, k = max(1, m), max(1, n), max(1, k)
-    tk = k
-    while True:
-        if held == "B":
-            tn = -(-n // blocks)
-            resident = tk * tn * b_item
-            tm = min(m, max(1, (sram - resident) // (2 * tk * a_item + tn * ACC_BYTES)))
-        else:
-            tm = -(-m // blocks)
-            resident = tm * tk * a_item
-            tn = min(n, max(1, (sram - resident) // (2 * tk * b_item + tm * ACC_BYTES)))
-        footprint = resident + 2 * (tm * tk * a_item if held == "B" else tk * tn * b_item) \
-            + tm * tn * ACC_BYTES
-        if footprint <= sram or tk == 1:
-            return (("m", tm), ("n", tn), ("k", tk)), footprint
-        tk = -(-tk // 2)
+    if held == "B":
+        tn = -(-n // blocks)
+        tm = min(m, max(1, (sram - k * tn * b_item) // (2 * k * a_item + tn * ACC_BYTES)))
+    else:
+        tm = -(-m // blocks)
+        tn = min(n, max(1, (sram - tm * k * a_item) // (2 * k * b_item + tm * ACC_BYTES)))
+    dims = {"m": tm, "n": tn, "k": k}
+
+    def footprint(d: dict[str, int]) -> int:
+        resident, streamed = ((d["k"] * d["n"] * b_item, d["m"] * d["k"] * a_item) if held == "B"
+                              else (d["m"] * d["k"] * a_item, d["k"] * d["n"] * b_item))
+        return resident + 2 * streamed + d["m"] * d["n"] * ACC_BYTES
+
+    while footprint(dims) > sram and max(dims.values()) > 1:
+        key = max(dims, key=dims.__getitem__)
+        dims[key] = -(-dims[key] // 2)
+    return tuple(dims.items()), footprint(dims)
