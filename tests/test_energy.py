@@ -2,6 +2,7 @@
 
 import json
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -263,3 +264,11 @@ def test_run_energy_is_additive_over_partitions():
     parts = [run_energy(NPU_M, r["cycles"], r["counters"]) for r in runs.values()]
     for key in ("total_pj", "dynamic_pj", "static_pj"):
         assert whole[key] == pytest.approx(sum(p[key] for p in parts))
+
+
+def test_a_cost_is_read_only_and_pickles():
+    cost = gemm(NPU_M, 64, 64, 64, "float16")
+    with pytest.raises(TypeError):
+        cost.energy["array"] = 0.0  # shared through the cache: must not change
+    again = pickle.loads(pickle.dumps(cost))
+    assert again == cost and dict(again.energy) == dict(cost.energy)

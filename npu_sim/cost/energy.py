@@ -20,14 +20,37 @@ SRAM traffic of a GEMM depends on the dataflow (see :func:`array_sram_bytes`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from types import MappingProxyType
+from collections.abc import Iterator, Mapping
 
 from ..config import DeviceConfig
 from .systolic import ACC_BYTES
 
 DYNAMIC = ("array", "vector", "sram_read", "sram_write", "hbm")
 """The dynamic components; ``leakage`` is the static one."""
+
+
+class Energy(Mapping):
+    """Picojoules by component, read-only (costs are cached and shared) and picklable."""
+
+    __slots__ = ("_pj",)
+
+    def __init__(self, values: Mapping[str, float]) -> None:
+        self._pj = dict(values)
+
+    def __getitem__(self, key: str) -> float:
+        return self._pj[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._pj)
+
+    def __len__(self) -> int:
+        return len(self._pj)
+
+    def __repr__(self) -> str:
+        return f"Energy({self._pj!r})"
+
+    def __reduce__(self):
+        return Energy, (self._pj,)
 
 
 def array_sram_bytes(config: DeviceConfig, m: int, n: int, k: int, a_item: int, b_item: int,
@@ -77,7 +100,7 @@ def launch_energy(
         "hbm": (hbm_in + hbm_out) * config.hbm_pj_per_byte,
         "leakage": cycles * cores * config.leakage_pj_per_core_cycle,
     }
-    return MappingProxyType(energy)
+    return Energy(energy)
 
 
 def dynamic(energy: Mapping[str, float]) -> float:
