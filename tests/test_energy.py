@@ -196,6 +196,27 @@ def test_launch_energy_lands_in_the_trace_and_adds_up_in_the_counters():
     assert s["core.3.energy_pj"] == 0
 
 
+@given(shapes=st.lists(st.tuples(st.integers(1, 96), st.integers(1, 96), st.integers(1, 96),
+                                 st.integers(1, 4)), min_size=1, max_size=4))
+def test_device_energy_is_the_sum_of_its_launches(shapes):
+    dev = Device("npu-m")
+    costs = []
+    for m, k, n, cores in shapes:
+        a, b, c = TensorSpec((m, k), "float16"), TensorSpec((k, n), "float16"), \
+            TensorSpec((m, n), "float16")
+        bufs = [dev.malloc(s.nbytes) for s in (a, b, c)]
+        dev.compute.execute("MatMul", [(bufs[0].address, a), (bufs[1].address, b)],
+                            [(bufs[2].address, c)], {}, cores=list(range(cores)),
+                            functional=False)
+        costs.append(op_cost(NPU_M, "MatMul", [a, b], [c], {}, cores))
+    dev.synchronize()
+    s = dev.stats()
+    dynamic = math.fsum(s[f"compute.energy_pj.{name}"] for name in DYNAMIC)
+    assert dynamic == pytest.approx(math.fsum(c.dynamic_energy_pj for c in costs))
+    per_core = math.fsum(s[f"core.{i}.energy_pj"] for i in range(NPU_M.cores))
+    assert per_core == pytest.approx(dynamic)
+
+
 def test_dma_energy_by_hand():
     dev = Device("npu-m")
     x = np.zeros(3 * 1024 * 1024, np.uint8)
