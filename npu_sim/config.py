@@ -140,6 +140,18 @@ class DeviceConfig:
             value = getattr(self, f.name)
             check(f.name, value)
 
+    def __hash__(self) -> int:
+        # The cost model's cache hashes the config on every launch: hash the fields once.
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict[str, Any]:
+        # String hashes differ between processes: a pickled config recomputes its hash.
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     # -- construction -------------------------------------------------------------------------
 
     @classmethod

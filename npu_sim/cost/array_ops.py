@@ -24,7 +24,7 @@ from ..config import DeviceConfig
 from ..dtypes import TensorSpec, itemsize
 from ..errors import KernelError
 from .energy import array_sram_bytes
-from .model import Cost, make_cost, present, spec
+from .model import Cost, launch_cycles, make_cost, present, spec
 from .systolic import (
     ACC_BYTES,
     conv_output_size,
@@ -141,23 +141,36 @@ def _reduce_ops(w: GemmWork, s: Schedule) -> tuple[int, int]:
     return w.items * (s.used - 1) * share, w.items * (s.used - 1) * w.rows * w.cols
 
 
-def _cost(config: DeviceConfig, w: GemmWork, s: Schedule, vector: bool) -> Cost:
-    """Price schedule ``s`` on the arrays, or (``vector``) with the MACs on the vector units."""
+def _compute(config: DeviceConfig, w: GemmWork, s: Schedule, vector: bool) -> int:
+    """Busiest core's engine cycles of schedule ``s`` on the arrays or (``vector``) the vector
+    units, with fused vector work and a K split's partial-sum adds."""
     share = (s.rows * s.cols * s.red * s.items) / w.macs if w.macs else 0.0
-    reduce_core, reduce_total = _reduce_ops(w, s)
+    reduce_core, _ = _reduce_ops(w, s)
     reduce = math.ceil(reduce_core / config.vector_lanes - 1e-9) if reduce_core else 0
     if vector:
-        array = 0
         compute = math.ceil(w.macs * share / config.vector_lanes - 1e-9) + _post(config, w, share)
     else:
         array = s.items * gemm_cycles(config, s.rows, s.cols, s.red, w.dtype)
         compute = max(array, _post(config, w, share))
-    compute += reduce
+    return compute + reduce
+
+
+def _total(config: DeviceConfig, w: GemmWork, s: Schedule, vector: bool) -> int:
+    """Total cycles of schedule ``s``: what :func:`price` compares."""
+    first, last = _tiles(config, w, s)
+    return launch_cycles(config, _compute(config, w, s, vector), s.traffic + w.fixed_bytes,
+                         first, last)[2]
+
+
+def _cost(config: DeviceConfig, w: GemmWork, s: Schedule, vector: bool) -> Cost:
+    """The full :class:`Cost` of schedule ``s``: cycles, tile, notes and energy."""
     first, last = _tiles(config, w, s)
     hbm = s.traffic + w.fixed_bytes
     tile, sram = gemm_tile(config, s.rows, s.cols, s.red, w.a_item, w.b_item, s.held, s.blocks)
     read, written = array_sram_bytes(config, s.rows, s.cols, s.red, w.a_item, w.b_item,
                                      ACC_BYTES if s.used > 1 and s.split == "K" else w.out_item)
+    # The per-core GEMM runs items x cores times in all (an item split: once per item).
+    runs = w.items if s.split == "items" else w.items * s.used
     notes = [s.note]
     if vector:
         notes.insert(0, f"{w.items} GEMM(s) of {w.rows}x{w.cols}x{w.red} run on the vector "
@@ -166,13 +179,13 @@ def _cost(config: DeviceConfig, w: GemmWork, s: Schedule, vector: bool) -> Cost:
         notes.append(f"reduction split over {s.used} cores: partial sums added on the vector "
                      "unit")
     return make_cost(
-        config, compute=compute, hbm_bytes=hbm, first_tile=first, last_tile=last,
-        engine="vector" if vector else "array", cores=s.used, macs=w.macs,
+        config, compute=_compute(config, w, s, vector), hbm_bytes=hbm, first_tile=first,
+        last_tile=last, engine="vector" if vector else "array", cores=s.used, macs=w.macs,
         refetch=_refetch(w, hbm), notes="; ".join(n for n in notes if n), split=s.split,
         tile=tile, sram_bytes=sram, dtype=w.dtype,
         array_macs=0 if vector else w.macs,
-        vector_ops=(w.macs if vector else 0) + w.post_work + reduce_total,
-        engine_read=s.items * s.used * read, engine_written=s.items * s.used * written,
+        vector_ops=(w.macs if vector else 0) + w.post_work + _reduce_ops(w, s)[1],
+        engine_read=runs * read, engine_written=runs * written,
         hbm_out=w.fixed_out + s.partials // 2,
     )
 
@@ -192,9 +205,9 @@ def price(config: DeviceConfig, w: GemmWork, cores: int) -> Cost:
     schedules = [_schedule(config, w, cores, split) for split in SPLITS]
     if w.items > 1:
         schedules.append(_schedule(config, w, cores, "items"))
-    candidates = [_cost(config, w, s, vector=False) for s in schedules]
-    candidates += [_cost(config, w, s, vector=True) for s in schedules[:2]]
-    return min(candidates, key=lambda c: c.total_cycles)
+    candidates = [(s, False) for s in schedules] + [(s, True) for s in schedules[:2]]
+    best = min(candidates, key=lambda c: _total(config, w, *c))  # the first of equals
+    return _cost(config, w, *best)
 
 
 # -- attribute handling -----------------------------------------------------------------------

@@ -67,6 +67,17 @@ class Cost:
         return dynamic(self.energy)
 
 
+def launch_cycles(config: DeviceConfig, compute: int, hbm_bytes: int, first_tile: int,
+                  last_tile: int) -> tuple[int, int, int]:
+    """``(memory, overhead, total)`` cycles of a launch (the module docstring's sums)."""
+    bw = config.hbm_bytes_per_cycle
+    memory = math.ceil(hbm_bytes / bw) if hbm_bytes else 0
+    fill = config.hbm_latency_cycles + math.ceil(first_tile / bw) if first_tile else 0
+    drain = math.ceil(last_tile / bw) if last_tile else 0
+    overhead = config.launch_overhead_cycles + fill + drain
+    return memory, overhead, max(compute, memory) + overhead
+
+
 def make_cost(
     config: DeviceConfig,
     *,
@@ -95,12 +106,7 @@ def make_cost(
     engines read and write, ``hbm_out`` of the ``hbm_bytes`` that leave for HBM) are priced by
     :func:`~npu_sim.cost.energy.launch_energy`, with leakage over the total cycles.
     """
-    bw = config.hbm_bytes_per_cycle
-    memory = math.ceil(hbm_bytes / bw) if hbm_bytes else 0
-    fill = config.hbm_latency_cycles + math.ceil(first_tile / bw) if first_tile else 0
-    drain = math.ceil(last_tile / bw) if last_tile else 0
-    overhead = config.launch_overhead_cycles + fill + drain
-    total = max(compute, memory) + overhead
+    memory, overhead, total = launch_cycles(config, compute, hbm_bytes, first_tile, last_tile)
     hbm_out = min(hbm_out, hbm_bytes)
     energy = launch_energy(
         config, dtype=dtype, array_macs=array_macs, vector_ops=vector_ops,
