@@ -109,6 +109,12 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
               f"over {len(stats.get('partitions', {}))} partition(s)", file=out)
         busy = ", ".join(f"{engine} {100 * u:.0f}%" for engine, u in stats["utilization"].items())
         print(f"  utilization: {busy}", file=out)
+        energy = stats.get("energy")
+        if energy:
+            print(f"  energy: {energy['total_pj'] / 1e6:,.2f} uJ (dynamic "
+                  f"{energy['dynamic_pj'] / 1e6:,.2f}, leakage {energy['static_pj'] / 1e6:,.2f}), "
+                  f"average {energy['average_power_w']:.2f} W, {energy['tops_per_w']:.3f} TOPS/W",
+                  file=out)
         for part, figures in stats.get("partitions", {}).items():
             print(f"  {part}: {figures['cycles']:,} cycles = {figures['microseconds']:.1f} us",
                   file=out)

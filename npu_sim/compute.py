@@ -15,6 +15,12 @@ The device has ``config.cores`` cores (scope ``npu.coreN``), each a simpy resour
    it is a snapshot of what the kernel computed);
 4. holds the cores for ``total_cycles``, then writes the outputs to HBM and releases the cores.
 
+A cost may carry ``energy`` (picojoules by component, :mod:`npu_sim.cost.energy`): the trace
+record's work holds it as ``work["energy"]``, and the dynamic components (all but ``leakage``,
+which the runtime charges to every core for the whole run) add to the counters
+``compute.energy_pj.<component>`` and ``core.<i>.energy_pj`` (split evenly over the launch's
+cores).
+
 The two halves never meet: the kernel never sees the clock and the cost never sees data. In
 timing-only mode (``functional=False``) no tensor byte is read or written. Whatever goes
 wrong inside a kernel or its pricing fails the launch with a
@@ -31,6 +37,7 @@ import simpy
 
 from . import dtypes
 from .config import DeviceConfig
+from .cost.energy import DYNAMIC
 from .dtypes import TensorSpec
 from .errors import KernelError, NpuSimError
 from .hbm import Hbm
@@ -53,12 +60,16 @@ class Compute:
 
     def reset_stats(self) -> None:
         """Zero every counter."""
-        self._stats: dict[str, int] = {"compute.kernels": 0, "compute.macs": 0}
+        self._stats: dict[str, float] = {"compute.kernels": 0, "compute.macs": 0}
+        for name in DYNAMIC:
+            self._stats[f"compute.energy_pj.{name}"] = 0.0
         for i in range(self.config.cores):
             self._stats[f"core.{i}.busy_cycles"] = 0
+            self._stats[f"core.{i}.energy_pj"] = 0.0
 
-    def stats(self) -> dict[str, int]:
-        """Counters: kernels run, MACs (when the cost reports them), busy cycles per core."""
+    def stats(self) -> dict[str, float]:
+        """Counters: kernels run, MACs (when the cost reports them), busy cycles per core, and
+        dynamic energy (picojoules) by component and per core."""
         return dict(self._stats)
 
     def execute(self, op: str, inputs: Sequence[Operand | None], outputs: Sequence[Operand],
@@ -112,13 +123,20 @@ class Compute:
         macs = int(getattr(cost, "macs", 0) or 0)
         self._stats["compute.kernels"] += 1
         self._stats["compute.macs"] += macs
+        energy = {k: float(v) for k, v in (getattr(cost, "energy", None) or {}).items()}
+        dynamic = 0.0
+        for name in DYNAMIC:
+            dynamic += energy.get(name, 0.0)
+            self._stats[f"compute.energy_pj.{name}"] += energy.get(name, 0.0)
         for c in cores:
             self._stats[f"core.{c}.busy_cycles"] += end - start
+            self._stats[f"core.{c}.energy_pj"] += dynamic / len(cores)
         work = {
             "op": op, "cores": len(cores), "macs": macs, "attrs": attrs,
             "inputs": [None if s is None else [list(s.shape), s.dtype] for s in in_specs],
             "outputs": [[list(s.shape), s.dtype] for s in out_specs],
             "bytes": sum(s.nbytes for s in [*in_specs, *out_specs] if s is not None),
+            "energy": energy,
         }
         rid = self.trace.record("kernel", f"core{cores[0]}", f"npu.core{cores[0]}",
                                 node or op, start, end, record_ids(deps), work)

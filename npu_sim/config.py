@@ -23,6 +23,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from .dtypes import itemsize
 from .errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -43,6 +44,57 @@ registers: ``hidden``) or costs ``R`` cycles per fold (``exposed``, as SCALE-Sim
 
 MAC_DTYPES = ("int8", "float16", "bfloat16", "float32")
 """Data types the systolic array has a MAC rate for (uint8 runs at the int8 rate)."""
+
+# -- energy defaults --------------------------------------------------------------------------
+# Per-action energies at 45 nm and 0.9 V from M. Horowitz, "Computing's energy problem (and what
+# we can do about it)", ISSCC 2014: 8-bit integer multiply 0.2 pJ and 32-bit add 0.1 pJ; float16
+# multiply 1.1 pJ and add 0.4 pJ; float32 multiply 3.7 pJ and add 0.9 pJ; a 64-bit access to a
+# 32 KB SRAM 20 pJ. A MAC is one multiply plus one accumulate (int8 accumulates in 32 bits).
+HOROWITZ_45NM_PJ = {
+    "int8_mac_pj": 0.2 + 0.1,
+    "float16_mac_pj": 1.1 + 0.4,
+    "bfloat16_mac_pj": 1.1 + 0.4,  # no figure of its own; priced as float16 (same datapath)
+    "float32_mac_pj": 3.7 + 0.9,
+    "sram_read_pj_per_byte": 20.0 / 8,
+    "sram_write_pj_per_byte": 20.0 / 8,  # Horowitz gives one figure per access
+    "dma_pj_per_byte": 2 * 20.0 / 8,  # a DMA engine stages each byte: one SRAM write + read
+}
+LEAKAGE_SHARE = 0.1
+"""Leakage per core per cycle, as a share of the core's peak float16 array energy per cycle."""
+
+
+def scaled_energy(node_nm: float, vdd: float, *, pes: int, dram_pj_per_byte: float,
+                  host_link_pj_per_byte: float) -> dict[str, float]:
+    """Per-action energy defaults for a part built in ``node_nm`` at ``vdd`` volts.
+
+    On-chip energies (MACs, SRAM, the DMA engine) scale from Horowitz's 45 nm / 0.9 V figures as
+    switched capacitance times voltage squared, ``E = E45 * (node_nm / 45) * (vdd / 0.9)**2``.
+    Off-chip energies (DRAM/HBM, the host link) belong to their own chips and PHYs and are given.
+    Leakage is :data:`LEAKAGE_SHARE` of the core's peak float16 array energy per cycle
+    (``pes * float16_mac_pj``). Values are rounded to four significant digits.
+    """
+    scale = (node_nm / 45.0) * (vdd / 0.9) ** 2
+    out = {k: float(f"{v * scale:.4g}") for k, v in HOROWITZ_45NM_PJ.items()}
+    out["hbm_pj_per_byte"] = float(dram_pj_per_byte)
+    out["host_link_pj_per_byte"] = float(host_link_pj_per_byte)
+    out["leakage_pj_per_core_cycle"] = float(f"{LEAKAGE_SHARE * pes * out['float16_mac_pj']:.4g}")
+    return out
+
+
+# HBM2e/HBM3 about 3.9 pJ/bit (O'Connor et al., "Fine-Grained DRAM", MICRO 2017); LPDDR5 about
+# 5 pJ/bit; DDR3 at Horowitz's 1.3 nJ per 64-bit access; a PCIe SerDes about 5 pJ/bit.
+_ENERGY = {
+    "npu-s": scaled_energy(7, 0.75, pes=32 * 32, dram_pj_per_byte=40.0,
+                           host_link_pj_per_byte=40.0),
+    "npu-m": scaled_energy(16, 0.8, pes=64 * 64, dram_pj_per_byte=31.2,
+                           host_link_pj_per_byte=40.0),
+    "npu-l": scaled_energy(7, 0.75, pes=128 * 128, dram_pj_per_byte=31.2,
+                           host_link_pj_per_byte=40.0),
+    "os32": scaled_energy(45, 0.9, pes=32 * 32, dram_pj_per_byte=1300.0 / 8,
+                          host_link_pj_per_byte=40.0),
+}
+ENERGY_FIELDS = tuple(_ENERGY["npu-m"])
+"""The per-action energy fields of :class:`DeviceConfig`, all in picojoules."""
 
 
 @dataclass(frozen=True)
@@ -71,12 +123,34 @@ class DeviceConfig:
     float16_macs_per_pe: float = 1.0
     bfloat16_macs_per_pe: float = 1.0
     float32_macs_per_pe: float = 0.25
+    int8_mac_pj: float = _ENERGY["npu-m"]["int8_mac_pj"]
+    float16_mac_pj: float = _ENERGY["npu-m"]["float16_mac_pj"]
+    bfloat16_mac_pj: float = _ENERGY["npu-m"]["bfloat16_mac_pj"]
+    float32_mac_pj: float = _ENERGY["npu-m"]["float32_mac_pj"]
+    sram_read_pj_per_byte: float = _ENERGY["npu-m"]["sram_read_pj_per_byte"]
+    sram_write_pj_per_byte: float = _ENERGY["npu-m"]["sram_write_pj_per_byte"]
+    dma_pj_per_byte: float = _ENERGY["npu-m"]["dma_pj_per_byte"]
+    hbm_pj_per_byte: float = _ENERGY["npu-m"]["hbm_pj_per_byte"]
+    host_link_pj_per_byte: float = _ENERGY["npu-m"]["host_link_pj_per_byte"]
+    leakage_pj_per_core_cycle: float = _ENERGY["npu-m"]["leakage_pj_per_core_cycle"]
 
     def __post_init__(self) -> None:
         for f in fields(self):
             check = _CHECKS[f.name]
             value = getattr(self, f.name)
             check(f.name, value)
+
+    def __hash__(self) -> int:
+        # The cost model's cache hashes the config on every launch: hash the fields once.
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict[str, Any]:
+        # String hashes differ between processes: a pickled config recomputes its hash.
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     # -- construction -------------------------------------------------------------------------
 
@@ -192,6 +266,18 @@ class DeviceConfig:
             raise ConfigError("dtype", dtype, f"one of {MAC_DTYPES + ('uint8',)}")
         return getattr(self, f"{key}_macs_per_pe")
 
+    def mac_pj(self, dtype: str) -> float:
+        """Energy of one MAC (or one vector lane-operation) on ``dtype``, in picojoules.
+
+        Dtypes without a MAC rate are priced by element size: 1 byte as int8, 2 as float16,
+        wider as float32 (bool, int32, int64 and float64 run on the vector unit only).
+        """
+        key = "int8" if dtype in ("int8", "uint8") else dtype
+        if key not in MAC_DTYPES:
+            size = itemsize(dtype)
+            key = "int8" if size <= 1 else "float16" if size == 2 else "float32"
+        return getattr(self, f"{key}_mac_pj")
+
     def peak_macs_per_cycle(self, dtype: str = "float16", cores: int | None = None) -> float:
         """Peak MACs per cycle for ``dtype`` on ``cores`` cores (default: all)."""
         n = self.cores if cores is None else cores
@@ -266,6 +352,7 @@ _CHECKS = {
     "float16_macs_per_pe": _float_range(0.0, 64.0, open_low=True),
     "bfloat16_macs_per_pe": _float_range(0.0, 64.0, open_low=True),
     "float32_macs_per_pe": _float_range(0.0, 64.0, open_low=True),
+    **{name: _float_range(0.0, 1e6) for name in ENERGY_FIELDS},
 }
 
 # -- presets ----------------------------------------------------------------------------------
@@ -279,6 +366,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         hbm_latency_ns=150.0, host_link_gbps=8.0, dma_channels=2, dma_setup_ns=800.0,
         launch_overhead_ns=1500.0, int8_macs_per_pe=4.0, float16_macs_per_pe=1.0,
         bfloat16_macs_per_pe=1.0, float32_macs_per_pe=0.125,
+        **_ENERGY["npu-s"],
     ),
     # A mid-range inference card: four 64x64 cores, one HBM2e stack, PCIe Gen4 x16.
     "npu-m": dict(
@@ -287,6 +375,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         hbm_latency_ns=120.0, host_link_gbps=25.0, dma_channels=4, dma_setup_ns=1000.0,
         launch_overhead_ns=2000.0, int8_macs_per_pe=4.0, float16_macs_per_pe=1.0,
         bfloat16_macs_per_pe=1.0, float32_macs_per_pe=0.25,
+        **_ENERGY["npu-m"],
     ),
     # A datacenter training/inference part: eight 128x128 weight-stationary cores, four HBM3
     # stacks, PCIe Gen5 x16.
@@ -296,6 +385,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         hbm_latency_ns=100.0, host_link_gbps=50.0, dma_channels=8, dma_setup_ns=800.0,
         launch_overhead_ns=1500.0, int8_macs_per_pe=4.0, float16_macs_per_pe=1.0,
         bfloat16_macs_per_pe=1.0, float32_macs_per_pe=0.25,
+        **_ENERGY["npu-l"],
     ),
     # Validation part: one 32x32 output-stationary core at 1 GHz (1 cycle = 1 ns), one MAC per
     # PE per cycle for every dtype, and the stationary operand's load exposed, so SCALE-Sim's
@@ -306,6 +396,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         vector_lanes=32, sram_bytes_per_core=512 * KiB, hbm_bytes=1 * GiB, hbm_gbps=64.0,
         hbm_latency_ns=100.0, host_link_gbps=16.0, dma_channels=1, dma_setup_ns=1000.0,
         launch_overhead_ns=0.0, int8_macs_per_pe=1.0, float16_macs_per_pe=1.0,
-        bfloat16_macs_per_pe=1.0, float32_macs_per_pe=1.0,
+        bfloat16_macs_per_pe=1.0, float32_macs_per_pe=1.0, **_ENERGY["os32"],
     ),
 }

@@ -14,6 +14,12 @@ each byte twice (read and write). A chunk's bytes are copied when its link time 
 completions are reported in order (a chunk's completion waits for its predecessor's), and the
 transfer's event succeeds when the last chunk completes.
 
+Energy. Every chunk's bytes pass through the DMA engine (``dma_pj_per_byte``), cross the host
+link (``host_link_pj_per_byte``, h2d and d2h) and are written to or read from HBM
+(``hbm_pj_per_byte``; a d2d copy reads and writes, so twice). The chunk's trace record carries
+them as ``work["energy"]`` (picojoules by component) and they add to the counters
+``dma.energy_pj.<component>`` and ``dma.<channel>.energy_pj``.
+
 Faults. :meth:`DmaEngine.transfer` validates the whole descriptor before anything moves: both
 ranges inside one live allocation / mapping, ``nbytes > 0``, the destination writable, and
 device-side addresses aligned to :data:`DMA_ALIGNMENT` (4) bytes. Host-side addresses and the
@@ -44,6 +50,18 @@ DMA_ALIGNMENT = 4
 """Device-side DMA addresses must be multiples of this many bytes."""
 
 _IOVA_PAGE = 4096
+
+DMA_ENERGY = ("dma", "host_link", "hbm")
+"""Energy components of a DMA chunk (see the module docstring)."""
+
+
+def chunk_energy(config: DeviceConfig, nbytes: int, d2d: bool) -> dict[str, float]:
+    """Picojoules by component to move ``nbytes`` in one chunk (host link unless ``d2d``)."""
+    return {
+        "dma": nbytes * config.dma_pj_per_byte,
+        "host_link": 0.0 if d2d else nbytes * config.host_link_pj_per_byte,
+        "hbm": (2 if d2d else 1) * nbytes * config.hbm_pj_per_byte,
+    }
 
 
 class HostMap:
@@ -128,12 +146,15 @@ class DmaEngine:
             "dma.h2d.bytes": 0, "dma.d2h.bytes": 0, "dma.d2d.bytes": 0,
             "dma.transfers": 0, "dma.chunks": 0,
             "dma.busy_cycles.link": 0, "dma.busy_cycles.hbm": 0,
+            **{f"dma.energy_pj.{name}": 0.0 for name in DMA_ENERGY},
         }
         for ch in range(self.config.dma_channels):
             self._stats[f"dma.{ch}.busy_cycles"] = 0
+            self._stats[f"dma.{ch}.energy_pj"] = 0.0
 
-    def stats(self) -> dict[str, int]:
-        """Counters: bytes per direction, transfers, chunks, busy cycles per link and channel."""
+    def stats(self) -> dict[str, float]:
+        """Counters: bytes per direction, transfers, chunks, busy cycles per link and channel,
+        energy (picojoules) by component and per channel."""
         return dict(self._stats)
 
     # -- transfers ----------------------------------------------------------------------------
@@ -215,8 +236,12 @@ class DmaEngine:
         st["dma.chunks"] += 1
         st[f"dma.busy_cycles.{link}"] += cycles
         st[f"dma.{ch}.busy_cycles"] += end - start
+        energy = chunk_energy(cfg, n, d2d)
+        for key, value in energy.items():
+            st[f"dma.energy_pj.{key}"] += value
+        st[f"dma.{ch}.energy_pj"] += sum(energy.values())
         chunk_work: dict[str, Any] = {**work, "bytes": n, "offset": off, "chunk": index,
-                                      "chunks": count, "link": link}
+                                      "chunks": count, "link": link, "energy": energy}
         chunk_name = name if count == 1 else f"{name}[{index}/{count}]"
         return self.trace.record("dma", f"dma{ch}", f"{self.scope}{ch}", chunk_name, start, end,
                                  dep_ids, chunk_work)

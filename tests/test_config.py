@@ -2,6 +2,7 @@
 
 import json
 import math
+import pickle
 from dataclasses import fields
 
 import pytest
@@ -122,3 +123,11 @@ def test_peak_rates_by_hand():
     with pytest.raises(ConfigError, match="dtype"):
         m.macs_per_pe("int4")
     assert math.isclose(DeviceConfig.preset("os32").dma_setup_cycles, 1000)
+
+
+def test_equal_configs_hash_equal_also_after_pickling():
+    a, b = DeviceConfig.preset("npu-l"), DeviceConfig(**DeviceConfig.preset("npu-l").to_dict())
+    assert hash(a) == hash(b) and {a: 1}[b] == 1
+    again = pickle.loads(pickle.dumps(a))
+    assert again == a and hash(again) == hash(a) and again.to_dict() == a.to_dict()
+    assert hash(a.replace(cores=2)) != hash(a)

@@ -224,7 +224,9 @@ class NpuSimExecutionProvider(ExecutionProvider):
     def run_stats(self) -> dict[str, Any]:
         """The last run of the whole model on the NPU: simulated cycles and microseconds summed
         over every NPU partition the run executed (a partial run executes only what its outputs
-        need), per-engine utilization over that span, the device's counter deltas, and
+        need), per-engine utilization over that span, ``energy`` (total, dynamic and static
+        picojoules, per engine and component, average power, TOPS/W:
+        :func:`~ep.npusim.runtime.run_energy`), the device's counter deltas, and
         ``partitions`` with each partition's own figures."""
         runs = {name: self.nodes[name].last_stats for name in dict.fromkeys(self._ran)
                 if name in self.nodes and self.nodes[name].last_stats}

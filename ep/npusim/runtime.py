@@ -7,7 +7,7 @@ from a context binary) is loaded there once. :class:`NpuSimCompiledNode` is what
 :class:`~firmware_model.program.Program` alone, so a program read back from a context binary
 runs through exactly the same path. Its :meth:`~NpuSimCompiledNode.run` moves the inputs through
 simulated DMA, runs the commands and returns the outputs; the runtime keeps the simulated
-latency and per-engine counters of the last run (:meth:`NpuRuntime.last_run_stats`).
+latency, per-engine counters and energy of the last run (:meth:`NpuRuntime.last_run_stats`).
 
 Sessions with ``ep.share_ep_contexts=1`` share one runtime (:mod:`ep.npusim.shared`): runs on it
 are serialized by :attr:`NpuRuntime.lock`, and each compiled node also hands the stats of its
@@ -16,6 +16,7 @@ own runs to its provider, so a session reports its runs, not another session's.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -80,6 +81,40 @@ class NpuRuntime:
         return dict(self._last)
 
 
+def run_energy(config: DeviceConfig, span: int, counters: dict[str, float]) -> dict[str, Any]:
+    """Energy of a run from its counter deltas over ``span`` cycles (picojoules, watts).
+
+    Dynamic energy is what the launches and DMA chunks did (their counters); static energy is
+    every core's leakage for the whole span, busy or idle. ``by_engine`` gives each core its
+    launches' dynamic energy plus its leakage and each DMA channel its chunks' energy;
+    ``by_component`` splits the same total by action (``hbm`` counts kernel and DMA traffic).
+    ``tops_per_w`` is ``2 * MACs`` per picojoule (tera-operations per second per watt).
+    """
+    leak = span * config.leakage_pj_per_core_cycle
+    by_component: dict[str, float] = {}
+    for key, value in counters.items():
+        for prefix in ("compute.energy_pj.", "dma.energy_pj."):
+            if key.startswith(prefix):
+                part = key[len(prefix):]
+                by_component[part] = by_component.get(part, 0.0) + value
+    by_component["leakage"] = config.cores * leak
+    by_engine = {f"core.{c}": counters.get(f"core.{c}.energy_pj", 0.0) + leak
+                 for c in range(config.cores)}
+    by_engine.update({f"dma.{ch}": counters.get(f"dma.{ch}.energy_pj", 0.0)
+                      for ch in range(config.dma_channels)})
+    total = math.fsum(by_component.values())
+    seconds = span / (config.clock_ghz * 1e9)
+    return {
+        "total_pj": total,
+        "dynamic_pj": total - by_component["leakage"],
+        "static_pj": by_component["leakage"],
+        "by_component": by_component,
+        "by_engine": by_engine,
+        "average_power_w": total * 1e-12 / seconds if seconds else 0.0,
+        "tops_per_w": 2 * counters.get("compute.macs", 0) / total if total else 0.0,
+    }
+
+
 def _summarize(config: DeviceConfig, name: str, span: int, delta: dict[str, float]) -> dict:
     util: dict[str, float] = {}
     for c in range(config.cores):
@@ -91,15 +126,16 @@ def _summarize(config: DeviceConfig, name: str, span: int, delta: dict[str, floa
         "cycles": span,
         "microseconds": config.cycles_to_us(span),
         "utilization": util,
+        "energy": run_energy(config, span, delta),
         "counters": delta,
     }
 
 
 def combine_stats(runs: dict[str, dict[str, Any]], config: DeviceConfig) -> dict[str, Any]:
     """The stats of a whole model from its partitions' (name -> one run's stats): cycles,
-    microseconds, counters and any ``energy`` summed (gauges such as ``hbm.*`` as they stand
-    after the last), utilization recomputed from the summed busy counters over the summed span,
-    and ``partitions`` keeping each partition's own stats."""
+    microseconds and counters summed (gauges such as ``hbm.*`` as they stand after the last),
+    utilization and energy recomputed from the summed counters over the summed span, and
+    ``partitions`` keeping each partition's own stats."""
     if not runs:
         return {}
     span = sum(int(r.get("cycles", 0)) for r in runs.values())
@@ -108,22 +144,8 @@ def combine_stats(runs: dict[str, dict[str, Any]], config: DeviceConfig) -> dict
         for key, value in r.get("counters", {}).items():
             counters[key] = value if key.startswith("hbm.") else counters.get(key, 0) + value
     total = _summarize(config, ", ".join(runs), span, counters)
-    energies = [r["energy"] for r in runs.values() if isinstance(r.get("energy"), dict)]
-    if energies:
-        total["energy"] = _sum_nested(energies)
     total["partitions"] = {name: dict(r) for name, r in runs.items()}
     return total
-
-
-def _sum_nested(values: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for value in values:
-        for key, item in value.items():
-            if isinstance(item, dict):
-                out[key] = _sum_nested([out.get(key, {}), item])
-            elif isinstance(item, (int, float)) and not isinstance(item, bool):
-                out[key] = out.get(key, 0) + item
-    return out
 
 
 class NpuSimCompiledNode(CompiledNode):

@@ -2,10 +2,12 @@
 
 Each op becomes ``items`` identical GEMMs of ``rows x cols`` outputs over ``red`` reduction
 steps: the groups of a convolution, or the batch of a MatMul whose right operand is batched
-(when it is not, the batch folds into the rows). Two multi-core schedules are priced and the
-faster is kept: *row split* (every GEMM's output rows are split over the cores, which all share
-the broadcast weights) and *item split* (each core takes whole GEMMs). A third candidate runs
-the MACs on the vector units (one per lane per cycle): it wins for GEMMs too thin for the array
+(when it is not, the batch folds into the rows). Work is split over the cores along whichever
+dimension is fastest (:func:`price`): output rows ``M`` (every core shares the broadcast
+weights), output columns ``N`` (every core shares the broadcast inputs and fetches only its
+columns of the weights), the reduction ``K`` (each core its slice of both; the partial sums go
+through HBM and are added on the vector units) or whole GEMMs per core. The MACs may also run
+on the vector units (one per lane per cycle), which wins for GEMMs too thin for the array
 (depthwise convolutions, a single output channel).
 Vector work fused onto the array's output (a fused ``activation``, ConvTranspose's col2im
 accumulation) runs on the vector unit in parallel with the array: compute is the larger.
@@ -21,8 +23,16 @@ from typing import Any
 from ..config import DeviceConfig
 from ..dtypes import TensorSpec, itemsize
 from ..errors import KernelError
-from .model import Cost, make_cost, present, spec
-from .systolic import conv_output_size, gemm_cycles, mac_rate, tiled_traffic
+from .energy import array_sram_bytes
+from .model import Cost, launch_cycles, make_cost, present, spec
+from .systolic import (
+    ACC_BYTES,
+    conv_output_size,
+    gemm_cycles,
+    gemm_tile,
+    mac_rate,
+    tiled_traffic,
+)
 from .vector_ops import ELEMENTWISE
 
 
@@ -39,6 +49,7 @@ class GemmWork:
     a_bytes: int
     b_bytes: int
     fixed_bytes: int  # total over items: outputs, bias, quantisation parameters
+    fixed_out: int  # of which outputs (bytes leaving for HBM)
     a_item: int  # element sizes of A, B and the output, for the first/last tile
     b_item: int
     out_item: int
@@ -50,12 +61,65 @@ class GemmWork:
         return self.items * self.rows * self.cols * self.red
 
 
-def _tiles(config: DeviceConfig, w: GemmWork, rows: int) -> tuple[int, int]:
+@dataclass(frozen=True)
+class Schedule:
+    """One way to run a :class:`GemmWork` on ``used`` cores: the per-core GEMM and its traffic.
+
+    ``split`` is ``"M"``, ``"N"``, ``"K"`` or ``"items"``; ``rows x cols x red`` is each core's
+    GEMM, run ``items`` times; ``traffic`` covers the A and B bytes of the whole op; ``held`` is
+    the operand (``"A"`` or ``"B"``) each core keeps resident in SRAM, in ``blocks`` blocks.
+    ``partials`` are the bytes of 32-bit partial sums a K split writes to and reads back from HBM.
+    """
+
+    split: str
+    used: int
+    items: int
+    rows: int
+    cols: int
+    red: int
+    traffic: int
+    note: str
+    held: str
+    blocks: int
+    partials: int = 0
+
+
+def _schedule(config: DeviceConfig, w: GemmWork, cores: int, split: str) -> Schedule:
+    """Divide ``w`` over up to ``cores`` cores along ``split`` (see :class:`Schedule`)."""
+    a, b = w.a_bytes, w.b_bytes
+    if split == "M":  # rows split, B broadcast to every core
+        used = max(1, min(cores, w.rows))
+        t = tiled_traffic(config, a, b, used, w.names)
+        held = "A" if t.held == "split" else "B"
+        return Schedule(split, used, w.items, -(-w.rows // used), w.cols, w.red,
+                        w.items * t.hbm_bytes, t.note, held, t.blocks)
+    if split == "N":  # columns split, A broadcast: each core fetches only its columns of B
+        used = max(1, min(cores, w.cols))
+        t = tiled_traffic(config, b, a, used, w.names[::-1])
+        held = "B" if t.held == "split" else "A"
+        return Schedule(split, used, w.items, w.rows, -(-w.cols // used), w.red,
+                        w.items * t.hbm_bytes, t.note, held, t.blocks)
+    if split == "K":  # reduction split: each core its slice of A and B, partial sums added
+        used = max(1, min(cores, w.red))
+        t = tiled_traffic(config, -(-a // used), -(-b // used), 1, w.names)
+        held = "A" if t.held == "split" else "B"
+        partials = 2 * (used - 1) * w.rows * w.cols * ACC_BYTES * w.items
+        return Schedule(split, used, w.items, w.rows, w.cols, -(-w.red // used),
+                        w.items * used * t.hbm_bytes + partials, t.note, held, t.blocks,
+                        partials)
+    used = max(1, min(cores, w.items))  # "items": whole GEMMs per core
+    t = tiled_traffic(config, a, b, 1, w.names)
+    held = "A" if t.held == "split" else "B"
+    return Schedule(split, used, -(-w.items // used), w.rows, w.cols, w.red,
+                    w.items * t.hbm_bytes, t.note, held, t.blocks)
+
+
+def _tiles(config: DeviceConfig, w: GemmWork, s: Schedule) -> tuple[int, int]:
     """Bytes of the first fold's operands (capped at one SRAM buffer) and its outputs."""
     if w.macs == 0:
         return 0, 0
-    r, c = min(rows, config.array_rows), min(w.cols, config.array_cols)
-    first = min(r * w.red * w.a_item + w.red * c * w.b_item, config.sram_bytes_per_core // 2)
+    r, c = min(s.rows, config.array_rows), min(s.cols, config.array_cols)
+    first = min(r * s.red * w.a_item + s.red * c * w.b_item, config.sram_bytes_per_core // 2)
     return first, r * c * w.out_item
 
 
@@ -69,56 +133,81 @@ def _refetch(w: GemmWork, hbm_bytes: int) -> float:
     return hbm_bytes / ideal if hbm_bytes > ideal else 1.0
 
 
-def _array(config: DeviceConfig, w: GemmWork, cores: int, split_rows: bool) -> Cost:
-    if split_rows:
-        used = max(1, min(cores, w.rows))
-        rows, per_core_items, share_cores = -(-w.rows // used), w.items, used
+def _reduce_ops(w: GemmWork, s: Schedule) -> tuple[int, int]:
+    """(lane-operations on the busiest core, in total) to add a K split's partial sums."""
+    if s.split != "K" or s.used == 1:
+        return 0, 0
+    share = -(-(w.rows * w.cols) // s.used)
+    return w.items * (s.used - 1) * share, w.items * (s.used - 1) * w.rows * w.cols
+
+
+def _compute(config: DeviceConfig, w: GemmWork, s: Schedule, vector: bool) -> int:
+    """Busiest core's engine cycles of schedule ``s`` on the arrays or (``vector``) the vector
+    units, with fused vector work and a K split's partial-sum adds."""
+    share = (s.rows * s.cols * s.red * s.items) / w.macs if w.macs else 0.0
+    reduce_core, _ = _reduce_ops(w, s)
+    reduce = math.ceil(reduce_core / config.vector_lanes - 1e-9) if reduce_core else 0
+    if vector:
+        compute = math.ceil(w.macs * share / config.vector_lanes - 1e-9) + _post(config, w, share)
     else:
-        used = max(1, min(cores, w.items))
-        rows, per_core_items, share_cores = w.rows, -(-w.items // used), 1
-    traffic = tiled_traffic(config, w.a_bytes, w.b_bytes, share_cores, w.names)
-    array = per_core_items * gemm_cycles(config, rows, w.cols, w.red, w.dtype)
-    share = (rows * per_core_items) / (w.rows * w.items) if w.macs else 0.0
-    first, last = _tiles(config, w, rows)
-    hbm = w.items * traffic.hbm_bytes + w.fixed_bytes
+        array = s.items * gemm_cycles(config, s.rows, s.cols, s.red, w.dtype)
+        compute = max(array, _post(config, w, share))
+    return compute + reduce
+
+
+def _total(config: DeviceConfig, w: GemmWork, s: Schedule, vector: bool) -> int:
+    """Total cycles of schedule ``s``: what :func:`price` compares."""
+    first, last = _tiles(config, w, s)
+    return launch_cycles(config, _compute(config, w, s, vector), s.traffic + w.fixed_bytes,
+                         first, last)[2]
+
+
+def _cost(config: DeviceConfig, w: GemmWork, s: Schedule, vector: bool) -> Cost:
+    """The full :class:`Cost` of schedule ``s``: cycles, tile, notes and energy."""
+    first, last = _tiles(config, w, s)
+    hbm = s.traffic + w.fixed_bytes
+    tile, sram = gemm_tile(config, s.rows, s.cols, s.red, w.a_item, w.b_item, s.held, s.blocks)
+    read, written = array_sram_bytes(config, s.rows, s.cols, s.red, w.a_item, w.b_item,
+                                     ACC_BYTES if s.used > 1 and s.split == "K" else w.out_item)
+    # The per-core GEMM runs items x cores times in all (an item split: once per item).
+    runs = w.items if s.split == "items" else w.items * s.used
+    notes = [s.note]
+    if vector:
+        notes.insert(0, f"{w.items} GEMM(s) of {w.rows}x{w.cols}x{w.red} run on the vector "
+                        "units (faster than array folds)")
+    if s.partials:
+        notes.append(f"reduction split over {s.used} cores: partial sums added on the vector "
+                     "unit")
     return make_cost(
-        config, compute=max(array, _post(config, w, share)), hbm_bytes=hbm, first_tile=first,
-        last_tile=last, engine="array", cores=used, macs=w.macs, refetch=_refetch(w, hbm),
-        notes=traffic.note,
+        config, compute=_compute(config, w, s, vector), hbm_bytes=hbm, first_tile=first,
+        last_tile=last, engine="vector" if vector else "array", cores=s.used, macs=w.macs,
+        refetch=_refetch(w, hbm), notes="; ".join(n for n in notes if n), split=s.split,
+        tile=tile, sram_bytes=sram, dtype=w.dtype,
+        array_macs=0 if vector else w.macs,
+        vector_ops=(w.macs if vector else 0) + w.post_work + _reduce_ops(w, s)[1],
+        engine_read=runs * read, engine_written=runs * written,
+        hbm_out=w.fixed_out + s.partials // 2,
     )
 
 
-def _vector(config: DeviceConfig, w: GemmWork, cores: int) -> Cost:
-    """The op on the vector units: one MAC per lane per cycle, rows split over the cores.
-
-    Wins for thin GEMMs the array folds badly (depthwise convolutions, a single output
-    channel or row). The SRAM tiling, and so the traffic, is the row split's.
-    """
-    used = max(1, min(cores, w.rows))
-    rows = -(-w.rows // used)
-    share = rows / w.rows if w.macs else 0.0
-    traffic = tiled_traffic(config, w.a_bytes, w.b_bytes, used, w.names)
-    compute = math.ceil(w.macs * share / config.vector_lanes - 1e-9) + _post(config, w, share)
-    first, last = _tiles(config, w, rows)
-    notes = "; ".join(n for n in (f"{w.items} GEMM(s) of {w.rows}x{w.cols}x{w.red} run on the "
-                                  "vector units (faster than array folds)", traffic.note) if n)
-    hbm = w.items * traffic.hbm_bytes + w.fixed_bytes
-    return make_cost(
-        config, compute=compute, hbm_bytes=hbm, first_tile=first, last_tile=last,
-        engine="vector", cores=used, macs=w.macs, refetch=_refetch(w, hbm), notes=notes,
-    )
+SPLITS = ("M", "N", "K")
+"""Dimensions an array op can be split along, in the order ties are broken."""
 
 
 def price(config: DeviceConfig, w: GemmWork, cores: int) -> Cost:
-    """The fastest schedule of ``w`` on ``cores`` cores (ties go to the row split)."""
+    """The fastest schedule of ``w`` on ``cores`` cores.
+
+    Candidates: the array with output rows (M), output columns (N) or the reduction (K) split
+    over the cores, or (``items > 1``) whole GEMMs per core; the vector units with rows or
+    columns split. Ties go to the earlier candidate, so one core always prices the M split.
+    """
     mac_rate(config, w.dtype, w.op)
-    best = _array(config, w, cores, split_rows=True)
-    candidates = [_array(config, w, cores, split_rows=False)] if w.items > 1 else []
-    candidates.append(_vector(config, w, cores))
-    for cand in candidates:
-        if cand.total_cycles < best.total_cycles:
-            best = cand
-    return best
+    schedules = [_schedule(config, w, cores, split) for split in SPLITS]
+    if w.items > 1:
+        schedules.append(_schedule(config, w, cores, "items"))
+    candidates = [(s, False) for s in schedules] + [(s, True) for s in schedules[:2]]
+    best = min(candidates, key=lambda c: _total(config, w, *c))  # the first of equals
+    return _cost(config, w, *best)
 
 
 # -- attribute handling -----------------------------------------------------------------------
@@ -191,6 +280,7 @@ def _conv(config, op, inputs, outputs, attrs, cores, x_i=0, w_i=1, extra=(2,)) -
         op=op, items=groups, rows=n * math.prod(spatial), cols=m // groups,
         red=(c // groups) * math.prod(kernel), dtype=x.dtype,
         a_bytes=x.nbytes // groups, b_bytes=w.nbytes // groups,
+        fixed_out=out.nbytes,
         fixed_bytes=out.nbytes + present(inputs, extra), a_item=itemsize(x.dtype),
         b_item=itemsize(w.dtype), out_item=itemsize(out.dtype),
         post_work=out.size * _post_factor(op, attrs), names=("inputs", "weights"),
@@ -215,6 +305,7 @@ def _conv_transpose(config, op, inputs, outputs, attrs, cores) -> Cost:
     work = GemmWork(
         op=op, items=groups, rows=rows, cols=cols, red=x.shape[1] // groups, dtype=x.dtype,
         a_bytes=x.nbytes // groups, b_bytes=w.nbytes // groups,
+        fixed_out=out.nbytes,
         fixed_bytes=out.nbytes + present(inputs, [2]), a_item=itemsize(x.dtype),
         b_item=itemsize(w.dtype), out_item=itemsize(out.dtype),
         post_work=col2im + out.size * _post_factor(op, attrs), names=("inputs", "weights"),
@@ -248,6 +339,7 @@ def _matmul(config, op, inputs, outputs, attrs, cores, a_i=0, b_i=1, extra=()) -
     work = GemmWork(
         op=op, items=items, rows=rows, cols=n, red=k, dtype=a.dtype,
         a_bytes=rows * k * ea, b_bytes=k * n * eb,
+        fixed_out=out.nbytes,
         fixed_bytes=out.nbytes + present(inputs, extra), a_item=ea, b_item=eb,
         out_item=itemsize(out.dtype), post_work=out.size * _post_factor(op, attrs),
         names=("A", "B"),
@@ -267,6 +359,7 @@ def _gemm(config, op, inputs, outputs, attrs, cores) -> Cost:
                                   f"applied): K={k} != {kb}")
     work = GemmWork(
         op=op, items=1, rows=m, cols=n, red=k, dtype=a.dtype, a_bytes=a.nbytes, b_bytes=b.nbytes,
+        fixed_out=out.nbytes,
         fixed_bytes=out.nbytes + present(inputs, [2]), a_item=itemsize(a.dtype),
         b_item=itemsize(b.dtype), out_item=itemsize(out.dtype),
         post_work=out.size * _post_factor(op, attrs), names=("inputs", "weights"),

@@ -129,10 +129,13 @@ def conv_cycles(
 
 @dataclass(frozen=True)
 class Traffic:
-    """HBM bytes of one tiled GEMM (or a run of identical ones) and why."""
+    """HBM bytes of one tiled GEMM (or a run of identical ones), which operand stays resident
+    in SRAM (``"split"`` or ``"shared"``) in how many blocks, and why bytes were re-fetched."""
 
     hbm_bytes: int
     note: str
+    held: str = "shared"
+    blocks: int = 1
 
 
 def tiled_traffic(
@@ -142,13 +145,14 @@ def tiled_traffic(
     cores: int,
     names: tuple[str, str] = ("inputs", "weights"),
 ) -> Traffic:
-    """Bytes moved between HBM and SRAM for a GEMM whose ``A`` rows are split over ``cores``.
+    """Bytes moved between HBM and SRAM for a GEMM whose operand ``a`` is split over ``cores``
+    and whose operand ``b`` is shared by them.
 
-    ``a_bytes`` / ``b_bytes`` are the two operands (``B`` is broadcast to every core, so it
-    crosses HBM once per pass); outputs and other once-moved bytes are the caller's. A resident
-    block of one operand may use half a core's SRAM (the other half double-buffers the streamed
-    tiles). If neither operand fits, the cheaper of two tilings is taken: hold B blocks and
-    stream A once per block, or hold A blocks (per core) and stream B once per block.
+    The shared operand is broadcast to every core, so it crosses HBM once per pass; outputs and
+    other once-moved bytes are the caller's. A resident block of one operand may use half a
+    core's SRAM (the other half double-buffers the streamed tiles). If neither operand fits, the
+    cheaper of two tilings is taken: hold blocks of ``b`` and stream ``a`` once per block, or hold
+    blocks of each core's ``a`` and stream ``b`` once per block.
     """
     ideal = a_bytes + b_bytes
     buf = config.sram_bytes_per_core // 2
@@ -157,9 +161,10 @@ def tiled_traffic(
     a_blocks = -(-a_core // buf) or 1
     hold_b = b_bytes + a_bytes * b_blocks
     hold_a = a_bytes + b_bytes * a_blocks
-    moved = min(hold_b, hold_a)
-    if moved == ideal:
-        return Traffic(ideal, "")
+    if b_blocks == 1:
+        return Traffic(ideal, "", "shared", 1)
+    if a_blocks == 1:
+        return Traffic(ideal, "", "split", 1)
     sram = format_bytes(config.sram_bytes_per_core)
     if hold_b <= hold_a:
         streamed, held, blocks, size = names[0], names[1], b_blocks, b_bytes
@@ -167,4 +172,47 @@ def tiled_traffic(
         streamed, held, blocks, size = names[1], f"{names[0]} per core", a_blocks, a_core
     note = (f"{streamed} re-fetched {blocks}x: {held} {format_bytes(size)} > SRAM buffer "
             f"{format_bytes(buf)} (half of {sram}, double-buffered)")
-    return Traffic(moved, note)
+    return Traffic(min(hold_b, hold_a), note, "shared" if hold_b <= hold_a else "split", blocks)
+
+
+ACC_BYTES = 4
+"""The array accumulates in 32 bits: an output tile takes 4 bytes per element in SRAM."""
+
+
+def gemm_tile(
+    config: DeviceConfig,
+    m: int,
+    n: int,
+    k: int,
+    a_item: int,
+    b_item: int,
+    held: str,
+    blocks: int,
+) -> tuple[tuple[tuple[str, int], ...], int]:
+    """Per-core SRAM tile ``((m, tm), (n, tn), (k, tk))`` of an ``m x n x k`` GEMM, and its bytes.
+
+    ``held`` (``"A"`` or ``"B"``) is the operand :func:`tiled_traffic` keeps resident, in
+    ``blocks`` blocks: the resident block spans the whole reduction and ``1/blocks`` of its other
+    dimension; the streamed operand's tiles are as large as the rest of the SRAM allows with two
+    in flight, beside a 32-bit accumulator tile. If that still does not fit (a reduction too
+    long for one streamed row), the largest tile dimension is halved until it does.
+    """
+    sram = config.sram_bytes_per_core
+    m, n, k = max(1, m), max(1, n), max(1, k)
+    if held == "B":
+        tn = -(-n // blocks)
+        tm = min(m, max(1, (sram - k * tn * b_item) // (2 * k * a_item + tn * ACC_BYTES)))
+    else:
+        tm = -(-m // blocks)
+        tn = min(n, max(1, (sram - tm * k * a_item) // (2 * k * b_item + tm * ACC_BYTES)))
+    dims = {"m": tm, "n": tn, "k": k}
+
+    def footprint(d: dict[str, int]) -> int:
+        resident, streamed = ((d["k"] * d["n"] * b_item, d["m"] * d["k"] * a_item) if held == "B"
+                              else (d["m"] * d["k"] * a_item, d["k"] * d["n"] * b_item))
+        return resident + 2 * streamed + d["m"] * d["n"] * ACC_BYTES
+
+    while footprint(dims) > sram and max(dims.values()) > 1:
+        key = max(dims, key=dims.__getitem__)
+        dims[key] = -(-dims[key] // 2)
+    return tuple(dims.items()), footprint(dims)

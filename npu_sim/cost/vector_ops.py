@@ -83,10 +83,35 @@ def _price(
 ) -> Cost:
     compute, used = _lanes_cycles(config, work, elements, cores)
     lanes = config.vector_lanes
+    tile, sram = _sram_tile(config, inputs, outputs, used)
+    read = sum(s.nbytes for s in inputs if s is not None)
+    written = sum(s.nbytes for s in outputs)
+    dtype = outputs[0].dtype if outputs else "float32"
     return make_cost(
         config, compute=compute, hbm_bytes=hbm_bytes, first_tile=_tile(inputs, lanes),
         last_tile=_tile(outputs, lanes), engine="vector", cores=used, notes=notes,
+        tile=tile, sram_bytes=sram, dtype=dtype, vector_ops=work, engine_read=read,
+        engine_written=written, hbm_out=written,
     )
+
+
+def _sram_tile(
+    config: DeviceConfig,
+    inputs: Sequence[TensorSpec | None],
+    outputs: Sequence[TensorSpec],
+    cores: int,
+) -> tuple[tuple[tuple[str, int], ...], int]:
+    """Per-core tile of a vector op: a run of elements of every operand, double-buffered.
+
+    The run is a core's share of the largest operand, cut to what fits ``sram_bytes_per_core``
+    with two buffers per operand.
+    """
+    operands = [s for s in (*inputs, *outputs) if s is not None]
+    elements = max((s.size for s in operands), default=0)
+    per_core = -(-elements // max(cores, 1))
+    element_bytes = sum(itemsize(s.dtype) for s in operands) or 1
+    tile = max(1, min(per_core, config.sram_bytes_per_core // (2 * element_bytes)))
+    return (("elements", tile),), 2 * tile * element_bytes
 
 
 def _all_bytes(inputs: Sequence[TensorSpec | None], outputs: Sequence[TensorSpec]) -> int:

@@ -27,6 +27,7 @@ from firmware_model.commands import MAX_DEPS, Kernel, Nop, pack, unpack
 from firmware_model.program import Program, Region
 from npu_sim import dtypes, kernels
 from npu_sim.config import DeviceConfig
+from npu_sim.cost import op_cost
 
 F = TensorProto.FLOAT
 NPU_M = DeviceConfig.preset("npu-m")
@@ -193,20 +194,22 @@ def test_core_split_follows_the_cost_model_not_the_outer_rows():
 
 
 def test_independent_branches_run_on_disjoint_cores():
-    # Two convs of x, each with 2 * array_rows output pixels: two folds of the array, so the
-    # cost model gains nothing past 2 cores. Both are ready at once: list scheduling gives them
-    # disjoint cores of the 4.
+    # Two 1x1 convs of x, each with 2 * array_rows output pixels (two row folds of the array),
+    # 64 output channels (one column fold) and a 16-step reduction (too short for a K split to
+    # pay against the array's skew): the cost model gains nothing past 2 cores. Both are ready
+    # at once: list scheduling gives them disjoint cores of the 4.
     width = NPU_M.array_rows
     r = np.random.default_rng(0)
-    w1, w2 = (r.normal(size=(64, 64, 3, 3)).astype(np.float32) for _ in range(2))
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
-             helper.make_node("Conv", ["x", "w2"], ["b"], pads=[1, 1, 1, 1]),
+    w1, w2 = (r.normal(size=(64, 16, 1, 1)).astype(np.float32) for _ in range(2))
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]),
+             helper.make_node("Conv", ["x", "w2"], ["b"]),
              helper.make_node("Add", ["a", "b"], ["y"])]
-    m = model(nodes, [("x", F, (1, 64, 2, width))], [("y", F, (1, 64, 2, width))],
+    m = model(nodes, [("x", F, (1, 16, 2, width))], [("y", F, (1, 64, 2, width))],
               {"w1": w1, "w2": w2})
     launches = compiled(m).report.launches
     conv_a, conv_b = launches[0], launches[1]
     assert conv_a["cores"] == conv_b["cores"] == 2
+    assert conv_a["split"] == conv_b["split"] == "M"
     assert conv_a["core_mask"] & conv_b["core_mask"] == 0
 
 
@@ -255,3 +258,40 @@ def test_subgraph_import_keeps_opset_for_softmax():
     g = SubGraph.from_fused(fused.graph, fused.opset_imports)
     assert g.nodes[0].attrs["_opset"] == 11
     assert isinstance(onnx.helper.make_opsetid("", 11), onnx.OperatorSetIdProto)
+
+
+def _launch_cost(cp, i, config=NPU_M):
+    """What the cost model prices launch ``i`` of ``cp`` at, on the cores the compiler chose."""
+    program, entry = cp.program, cp.report.launches[i]
+    launch = program.launches[i]
+    spec = [dtypes.TensorSpec(t.shape, t.dtype) for t in program.tensors]
+    ins = [spec[t] if t >= 0 else None for t in launch.inputs]
+    return op_cost(config, launch.op, ins, [spec[t] for t in launch.outputs], launch.attrs,
+                   entry["cores"])
+
+
+def test_the_reported_tiles_are_the_ones_the_cycles_were_priced_with():
+    r = np.random.default_rng(0)
+    w = r.normal(size=(16, 4, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["t"]),
+             helper.make_node("Relu", ["t"], ["y"])]
+    m = model(nodes, [("x", F, (1, 16, 8, 8))], [("y", F, (1, 4, 10, 10))], {"w": w})
+    for graph in (m, conv_bn_relu(c_in=16, c_out=32, hw=20), matmul_add(m=64, k=256, n=128)):
+        cp = compiled(graph)
+        for i, entry in enumerate(cp.report.launches):
+            cost = _launch_cost(cp, i)
+            assert entry["tile"] == dict(cost.tile) and entry["sram_bytes"] == cost.sram_bytes
+            assert (entry["cycles"], entry["split"]) == (cost.total_cycles, cost.split)
+    # ConvTranspose's GEMM: 64 input pixels x (4 channels x 3x3 kernel) over 16 channels.
+    convt = compiled(m).report.launches[0]
+    assert convt["op"] == "ConvTranspose"
+    assert convt["tile"]["k"] <= 16 and convt["tile"]["n"] <= 36 and convt["tile"]["m"] <= 64
+
+
+def test_a_transformer_projection_splits_its_columns_over_every_core():
+    # GPT-2 small's QKV projection at 128 tokens, float32: 128 rows are two row folds of the
+    # 64-row array (a row split gains 2x at most); 2304 columns split four ways.
+    cp = compiled(matmul_add(m=128, k=768, n=2304))
+    (entry,) = cp.report.launches
+    assert (entry["op"], entry["cores"], entry["split"]) == ("Gemm", NPU_M.cores, "N")
+    assert entry["cycles"] < entry["cycles_one_core"] / 3

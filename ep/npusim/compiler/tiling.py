@@ -1,19 +1,17 @@
 """Tiling: how many cores each launch uses, its SRAM tiles, and which cores run it.
 
-For every launch the compiler decides
+For every launch the compiler decides the *core split*: how many cores ``k`` the launch runs
+on. The launch's price as the device computes it (:func:`ep.npusim.ops.price`: the kernel's own
+cycles, else :func:`npu_sim.cost.op_cost`) decides how work splits over ``k`` cores (a GEMM or
+convolution along output rows ``M``, output columns ``N``, the reduction ``K`` or whole groups,
+whichever is fastest) and how many of them get any; ``k`` is the smallest count whose cost is within :data:`SPLIT_GAIN` of the best over
+``1..cores``: a small op stays on fewer cores when splitting does not pay, leaving the others
+free for an independent branch.
 
-- the *core split*: how many cores ``k`` the launch runs on. The launch's price, as the device
-  computes it (:func:`ep.npusim.ops.price`: the kernel's own cycles, else
-  :func:`npu_sim.cost.op_cost`), decides how work splits over ``k`` cores and how many of them
-  get any; ``k`` is the smallest count whose cost is within :data:`SPLIT_GAIN` of the best over
-  ``1..cores``: a small op stays on fewer cores when splitting does not pay, leaving the others
-  free for an independent branch;
-- the *SRAM tiling*: per core, tile sizes that fit ``sram_bytes_per_core`` with the streamed
-  operands double-buffered. Which ops are GEMM-shaped is their operator catalogue entry's
-  :class:`~ep.npusim.ops.Tiling`. A GEMM-shaped op (Conv as im2col, Gemm, MatMul and their QLinear
-  forms) tiles ``(tm, tn, tk)``: ``2 * (tm*tk + tk*tn) * itemsize + tm*tn * 4`` bytes (the
-  accumulator is 32-bit); a vector op tiles a run of elements through ``2 * operands`` buffers.
-  Tiles start at the whole per-core problem and the largest dimension is halved until they fit.
+The *SRAM tiling* is the cost model's own: the tile shape (``m, n, k`` for a GEMM, a run of
+``elements`` for a vector op) and the SRAM bytes it takes are those the launch's cycles and HBM
+traffic were priced with (``Cost.tile``, ``Cost.sram_bytes``), so the report cannot disagree
+with the cycles.
 
 :func:`assign_cores` then places each launch on concrete cores by list scheduling over the
 launch DAG with the cost model's cycles: a launch takes the ``k`` cores that are free earliest
@@ -23,22 +21,17 @@ KERNEL command's ``core_mask``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from npu_sim.config import DeviceConfig
-from npu_sim.dtypes import TensorSpec, itemsize
+from npu_sim.dtypes import TensorSpec
 
-from ..ops import Tiling, entry, ops_where, price
+from ..ops import price
 
 SPLIT_GAIN = 0.05
 """Another core must save at least this fraction of the launch's cycles to be worth taking."""
-
-GEMM_OPS = ops_where(tiling=Tiling.GEMM)
-CONV_OPS = ops_where(tiling=Tiling.CONV)
-ACC_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -51,9 +44,11 @@ class TilePlan:
     cycles: int
     cycles_one_core: int
     engine: str
+    split: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"cores": self.cores, "tile": dict(self.tile),
+        """The plan as the compile report records it."""
+        return {"cores": self.cores, "split": self.split, "tile": dict(self.tile),
                 "sram_bytes": self.sram_bytes, "cycles": self.cycles,
                 "cycles_one_core": self.cycles_one_core, "engine": self.engine}
 
@@ -65,74 +60,15 @@ def plan_launch(
     out_specs: Sequence[TensorSpec],
     attrs: Mapping[str, Any],
 ) -> TilePlan:
-    """Choose the core split and SRAM tiles of one launch (see the module docstring)."""
+    """Choose the core split of one launch; its tiles are the cost model's for that split."""
     costs = [price(config, op, in_specs, out_specs, attrs, k)
              for k in range(1, config.cores + 1)]
     best = min(c.total_cycles for c in costs)
     cores = next(k for k, c in enumerate(costs, 1) if c.total_cycles <= best * (1 + SPLIT_GAIN))
-    tile, sram = _tiles(config, op, in_specs, out_specs, attrs, cores)
     chosen = costs[cores - 1]
-    return TilePlan(cores, tile, sram, chosen.total_cycles, costs[0].total_cycles,
-                    getattr(chosen, "engine", "vector"))
-
-
-def _tiles(
-    config: DeviceConfig,
-    op: str,
-    in_specs: Sequence[TensorSpec | None],
-    out_specs: Sequence[TensorSpec],
-    attrs: Mapping[str, Any],
-    cores: int,
-) -> tuple[tuple[tuple[str, int], ...], int]:
-    """Per-core tile sizes that fit SRAM double-buffered, and the bytes they take."""
-    sram = config.sram_bytes_per_core
-    gemm = _gemm_dims(op, in_specs, out_specs, attrs)
-    if gemm is not None:
-        m, n, k, dtype = gemm
-        isz = itemsize(dtype)
-        dims = {"m": max(1, -(-m // cores)), "n": max(1, n), "k": max(1, k)}
-
-        def footprint(d: dict[str, int]) -> int:
-            return 2 * (d["m"] * d["k"] + d["k"] * d["n"]) * isz + d["m"] * d["n"] * ACC_BYTES
-
-        while footprint(dims) > sram and max(dims.values()) > 1:
-            key = max(dims, key=dims.__getitem__)
-            dims[key] = -(-dims[key] // 2)
-        return tuple(dims.items()), footprint(dims)
-    operands = [s for s in (*in_specs, *out_specs) if s is not None]
-    elements = max((s.size for s in operands), default=0)
-    per_core = -(-elements // cores)
-    element_bytes = sum(itemsize(s.dtype) for s in operands) or 1
-    tile = max(1, min(per_core, sram // (2 * element_bytes)))
-    return (("elements", tile),), 2 * tile * element_bytes
-
-
-def _gemm_dims(
-    op: str,
-    in_specs: Sequence[TensorSpec | None],
-    out_specs: Sequence[TensorSpec],
-    attrs: Mapping[str, Any],
-) -> tuple[int, int, int, str] | None:
-    """``(M, N, K, dtype)`` of the GEMM a launch performs (per group for a convolution)."""
-    if not out_specs or not in_specs or in_specs[0] is None:
-        return None
-    out, x = out_specs[0].shape, in_specs[0]
-    if op in GEMM_OPS and len(out) >= 1:
-        k = x.shape[-1] if not attrs.get("transA", 0) else x.shape[0]
-        if len(x.shape) == 1:
-            k = x.shape[0]
-        return max(1, math.prod(out[:-1])), out[-1], k, x.dtype
-    if op in CONV_OPS and len(out) >= 3:
-        w_index = entry(op).weight_input
-        w = in_specs[w_index] if len(in_specs) > w_index else None
-        if w is None:
-            return None
-        groups = int(attrs.get("group", 1))
-        m = out[0] * math.prod(out[2:])
-        if op == "ConvTranspose":
-            return m, w.shape[1], math.prod(w.shape[2:]) * w.shape[0] // groups, x.dtype
-        return m, w.shape[0] // groups, math.prod(w.shape[1:]), x.dtype
-    return None
+    return TilePlan(cores, getattr(chosen, "tile", ()), getattr(chosen, "sram_bytes", 0),
+                    chosen.total_cycles, costs[0].total_cycles,
+                    getattr(chosen, "engine", "vector"), getattr(chosen, "split", ""))
 
 
 def assign_cores(
