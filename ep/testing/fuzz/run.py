@@ -1,0 +1,166 @@
+"""Run one model on ``ep.InferenceSession`` and on onnxruntime CPU, and classify the outcome.
+
+============================  ================================================================
+outcome                       meaning
+============================  ================================================================
+``equal``                     every output within its dtype's tolerance of onnxruntime's
+``refused-alike``             onnxruntime refused the model; ep refused with the same error class
+``refused-differently``       both refused, with different error classes
+``typed-error``               ep raised an :class:`ep.errors.OrtError`; onnxruntime ran it
+``different``                 values, dtypes or shapes differ
+``ep-ran-ort-refused``        ep returned outputs for a model onnxruntime refuses
+``raw-exception``             ep raised an exception that is not an ``OrtError``
+``crash`` / ``hang``          the worker process died / ran out of time (see ``campaign``)
+============================  ================================================================
+
+``equal`` and ``refused-alike`` give onnxruntime's result. A ``different`` outcome is localized
+(:func:`localize`): every intermediate tensor becomes an output, the first node whose output
+differs while its inputs agree is named, and that node alone is rerun on onnxruntime with
+ep's inputs; if ep's output matches that, the difference is *amplified*: tolerated differences
+upstream that a discontinuous or steep op (``Floor``, ``Less``, ``Cos`` of a large value) grew.
+The reference is the one :func:`ep.testing.compare.reference_outputs` picks (node by node for
+float16 graphs; onnxruntime's whole-model result is accepted too).
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ep.testing.compare import compare, reference_outputs
+
+OK = ("equal", "refused-alike")
+NPU = "NpuSimExecutionProvider"
+PROVIDERS = (NPU, "CPUExecutionProvider")
+
+
+def run_case(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
+             localize_differences: bool = True) -> dict[str, Any]:
+    """The outcome of ``model`` with ``feeds``: ``outcome``, ``detail``, node counts."""
+    import ep
+    from ep.errors import OrtError
+
+    result: dict[str, Any] = {"nodes": sum(n.op_type != "Constant" for n in model.graph.node)}
+    want, whole, _, ort_error = reference_outputs(model, feeds)
+    try:
+        session = ep.InferenceSession(model.SerializeToString(), providers=list(PROVIDERS))
+        result.update(_coverage(session))
+        got = session.run(None, dict(feeds))
+    except OrtError as exc:
+        if ort_error is None:
+            return {**result, "outcome": "typed-error", "detail": _short(exc)}
+        same = type(exc).__name__ == type(ort_error).__name__
+        return {**result, "outcome": "refused-alike" if same else "refused-differently",
+                "detail": f"ep {type(exc).__name__}, onnxruntime {type(ort_error).__name__}: "
+                          f"{_short(ort_error)}"}
+    except Exception as exc:  # noqa: BLE001 - what the fuzzer exists to find
+        return {**result, "outcome": "raw-exception",
+                "detail": f"{type(exc).__name__}: {_short(exc)}",
+                "traceback": traceback.format_exc(limit=-6)}
+    if ort_error is not None:
+        return {**result, "outcome": "ep-ran-ort-refused", "detail": _short(ort_error)}
+    problems = _differences(model, got, want, whole)
+    if not problems:
+        return {**result, "outcome": "equal", "detail": ""}
+    out = {**result, "outcome": "different", "detail": "; ".join(problems)}
+    if localize_differences:
+        out.update(localize(model, feeds))
+    return out
+
+
+def _coverage(session: Any) -> dict[str, int]:
+    """Non-Constant nodes of the partitioned graph, and how many the NPU runs."""
+    ops = {n.name: n.op_type for n in session.model.graph.node}
+    assigned = session.get_node_assignment()
+    real = [name for name, op in ops.items() if op != "Constant"]
+    return {"partitioned_nodes": len(real),
+            "npu_nodes": sum(assigned.get(name) == NPU for name in real)}
+
+
+def _differences(model: onnx.ModelProto, got, want, whole) -> list[str]:
+    problems = []
+    names = [o.name for o in model.graph.output]
+    for name, g, w, o in zip(names, got, want, whole, strict=True):
+        if why := compare(np.asarray(g), np.asarray(w)):
+            if w is o or compare(np.asarray(g), np.asarray(o)):
+                problems.append(f"{name}: {why}")
+    return problems
+
+
+def localize(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Name the node where ep first departs from onnxruntime (see the module doc):
+    ``{"culprit": op type, "amplified": bool, "where": text}``."""
+    import ep
+
+    exposed, order = _expose_all(model)
+    want, whole, _, ort_error = reference_outputs(exposed, feeds)
+    try:
+        got = ep.InferenceSession(exposed.SerializeToString(), providers=list(PROVIDERS)).run(
+            None, dict(feeds))
+    except Exception as exc:  # noqa: BLE001 - exposing tensors changed the outcome
+        return {"where": f"not localized: with every tensor exposed ep raised {exc!r:.200}"}
+    if ort_error is not None or want is None or whole is None:
+        return {"where": "not localized: onnxruntime refused the exposed model"}
+    names = [o.name for o in exposed.graph.output]
+    ep_values = dict(zip(names, got, strict=True))
+    bad = {n for n, g, w, o in zip(names, got, want, whole, strict=True)
+           if compare(np.asarray(g), np.asarray(w)) and compare(np.asarray(g), np.asarray(o))}
+    for node in order:
+        outs = [o for o in node.output if o in bad]
+        if not outs or any(i in bad for i in node.input):
+            continue
+        env = {**{t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer},
+               **feeds, **ep_values}
+        try:
+            alone = _run_alone(model, node, env)
+        except Exception as exc:  # noqa: BLE001
+            return {"culprit": node.op_type, "where": f"{node.name}: rerun failed {exc!r:.100}"}
+        amplified = all(not compare(np.asarray(ep_values[o]), np.asarray(alone[o]))
+                        for o in outs)
+        return {"culprit": node.op_type, "amplified": amplified,
+                "where": f"{node.op_type} node {node.name!r} output {outs[0]!r}"}
+    return {"where": "not localized: no tensor differs once every tensor is an output"}
+
+
+def _expose_all(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[onnx.NodeProto]]:
+    """A copy with every typed intermediate tensor as a graph output; the nodes in order."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    typed = {v.name: v for v in inferred.graph.value_info}
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(inferred)
+    have = {o.name for o in exposed.graph.output}
+    for node in exposed.graph.node:
+        for o in node.output:
+            if o in typed and o not in have and node.op_type != "Constant":
+                exposed.graph.output.append(typed[o])
+    del exposed.graph.value_info[:]
+    return exposed, list(model.graph.node)
+
+
+def _run_alone(model: onnx.ModelProto, node: onnx.NodeProto,
+               env: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    inputs = [i for i in dict.fromkeys(node.input) if i]
+    values = [helper.make_tensor_value_info(
+        n, helper.np_dtype_to_tensor_dtype(np.asarray(env[n]).dtype), np.shape(env[n]))
+        for n in inputs]
+    graph = helper.make_graph([node], "alone", values,
+                              [onnx.ValueInfoProto(name=o) for o in node.output if o])
+    one = helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    session = ort.InferenceSession(one.SerializeToString(), so,
+                                   providers=["CPUExecutionProvider"])
+    outs = session.run(None, {n: env[n] for n in inputs})
+    return dict(zip([o for o in node.output if o], outs, strict=True))
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = str(exc).replace("\n", " ")
+    return text if len(text) <= limit else text[:limit] + "..."
