@@ -110,6 +110,8 @@ def _pool(graph: GraphView, i: int) -> str | None:
         return why
     attrs = graph.attrs(i)
     _, shape = graph.tensor_type(graph.nodes[i].input[0])
+    if why := _negative_same_pad(attrs, shape):
+        return why
     if not attrs.get("ceil_mode", 0) or shape is None or attrs.get("auto_pad", "NOTSET") not in (
             "NOTSET", "VALID"):
         return None
@@ -125,8 +127,39 @@ def _pool(graph: GraphView, i: int) -> str | None:
         span = size + pads[k] + pads[k + len(spatial)] - extent
         out = -(-span // strides[k]) + 1
         if span >= 0 and (out - 1) * strides[k] >= size + pads[k]:
-            return ("ceil_mode=1 with a last window starting in the end padding: shape "
-                    "inference and onnxruntime disagree on the output shape")
+            return f"ceil_mode=1 with a last window starting in the end padding: {_CEIL_DISAGREES}"
+    return None
+
+
+_CEIL_DISAGREES = "shape inference and onnxruntime disagree on the output shape"
+
+
+def _unreliable_input(graph: GraphView, i: int) -> str | None:
+    """An input made by a pool whose inferred shape onnxruntime does not produce: the node
+    would be compiled for a shape it never receives."""
+    for tensor in graph.nodes[i].input:
+        p = graph.producer(tensor) if tensor else None
+        if p is not None and graph.nodes[p].op_type in ("MaxPool", "AveragePool") and (
+                why := _pool(graph, p)) and _CEIL_DISAGREES in why:
+            return (f"input '{tensor}' comes from {graph.nodes[p].op_type} "
+                    f"{graph.names[p]!r}, for which {why}")
+    return None
+
+
+def _negative_same_pad(attrs: dict, shape) -> str | None:
+    """auto_pad SAME_* with a stride wider than the window can leave nothing to pad: the
+    padding onnxruntime computes is negative and it refuses the node."""
+    if attrs.get("auto_pad", "NOTSET") not in ("SAME_UPPER", "SAME_LOWER") or shape is None:
+        return None
+    kernel = list(attrs.get("kernel_shape", []))
+    strides = list(attrs.get("strides", [1] * len(kernel)))
+    for k, size in enumerate(shape[2:]):
+        if isinstance(size, int) and k < len(kernel):
+            needed = (-(-size // strides[k]) - 1) * strides[k] + kernel[k] - size
+            if needed < 0:
+                return (f"auto_pad={attrs['auto_pad']} with kernel {kernel[k]}, stride "
+                        f"{strides[k]} on size {size} needs padding {needed}: onnxruntime "
+                        "refuses negative padding")
     return None
 
 
@@ -331,6 +364,8 @@ def _reason(graph: GraphView, i: int) -> str | None:
     for tensor in node.input:
         if tensor and (why := _static(graph, tensor, "input")):
             return why
+    if why := _unreliable_input(graph, i):
+        return why
     for tensor in _live_outputs(graph, i):  # a dead tail is not materialized: any shape will do
         role = "unused output (a later output is used)" if is_dead(graph, tensor) else "output"
         if tensor and (why := _static(graph, tensor, role)):
