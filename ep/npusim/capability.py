@@ -18,6 +18,7 @@ partitioner splits a group further if keeping it whole would create a cycle betw
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -134,15 +135,38 @@ def _pool(graph: GraphView, i: int) -> str | None:
 _CEIL_DISAGREES = "shape inference and onnxruntime disagree on the output shape"
 
 
+_MISSHAPEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _misshapen_pools(graph: GraphView) -> dict[int, str]:
+    """Node -> the pool upstream of it (itself included) whose inferred output shape
+    onnxruntime does not produce, named; computed once per graph."""
+    if graph in _MISSHAPEN:
+        return _MISSHAPEN[graph]
+    found: dict[int, str] = {}
+    for i in range(len(graph.nodes)):  # a GraphView's nodes are in topological order
+        node = graph.nodes[i]
+        if node.op_type in ("MaxPool", "AveragePool") and (why := _pool(graph, i)) and (
+                _CEIL_DISAGREES in why):
+            found[i] = f"{node.op_type} {graph.names[i]!r}, for which {why}"
+            continue
+        for tensor in node.input:
+            p = graph.producer(tensor) if tensor else None
+            if p is not None and p in found:
+                found[i] = found[p]
+                break
+    _MISSHAPEN[graph] = found
+    return found
+
+
 def _unreliable_input(graph: GraphView, i: int) -> str | None:
-    """An input made by a pool whose inferred shape onnxruntime does not produce: the node
-    would be compiled for a shape it never receives."""
+    """An input downstream of a pool whose inferred shape onnxruntime does not produce: the
+    node would be compiled for a shape it never receives."""
+    misshapen = _misshapen_pools(graph)
     for tensor in graph.nodes[i].input:
         p = graph.producer(tensor) if tensor else None
-        if p is not None and graph.nodes[p].op_type in ("MaxPool", "AveragePool") and (
-                why := _pool(graph, p)) and _CEIL_DISAGREES in why:
-            return (f"input '{tensor}' comes from {graph.nodes[p].op_type} "
-                    f"{graph.names[p]!r}, for which {why}")
+        if p is not None and p in misshapen:
+            return f"the shape of input '{tensor}' depends on {misshapen[p]}"
     return None
 
 
@@ -177,6 +201,9 @@ def _nonempty(graph: GraphView, i: int) -> str | None:
 
 
 def _resize_checked(graph: GraphView, i: int) -> str | None:
+    _, shape = graph.tensor_type(graph.nodes[i].output[0])
+    if shape is not None and 0 in shape:
+        return f"empty output (shape {tuple(shape)}) not supported"
     return _nonempty(graph, i) or _resize(graph, i)
 
 
