@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per model")
     parser.add_argument("--memory-mb", type=int, default=4096, help="address space per worker")
-    parser.add_argument("--max-nodes", type=int, default=15)
+    parser.add_argument("--max-nodes", type=int, default=24)
     parser.add_argument("--no-minimize", action="store_true")
     parser.add_argument("--docs", type=Path, help="a markdown file to put the table in")
     args = parser.parse_args(argv)
@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         if "reproducer" in r:
             repro.mkdir(exist_ok=True)
             (repro / f"{r['index']}.onnx.txt").write_text(
-                f"# feed_seed {r['feed_seed']}: {r['outcome']}: {r['detail'][:200]}\n"
+                f"# feed_seed {r['feed_seed']}, optimize {r.get('optimized', True)}: "
+                f"{r['outcome']}: {r['detail'][:200]}\n"
                 + r["reproducer"])
     if args.docs:
         write_docs(args.docs, table)

@@ -21,6 +21,8 @@ FLOAT = ("float32", "float16")
 INT = ("int32", "int64", "int8", "uint8")
 SIGNED = ("int32", "int64", "int8")
 NUMERIC = FLOAT + INT
+WINDOWED = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LRN"})
+"""Ops whose empty output means a window that does not fit (onnxruntime refuses them)."""
 
 
 class Invalid(Exception):
@@ -122,6 +124,7 @@ class Builder:
         try:
             inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True,
                                                          data_prop=True)
+            onnx.checker.check_model(inferred, full_check=True)  # type constraints per opset
         except Exception as exc:  # noqa: BLE001 - any inference failure means "not valid here"
             raise Invalid(f"{node.op_type}: {exc}") from exc
         out = []
@@ -134,8 +137,10 @@ class Builder:
                 raise Invalid(f"{node.op_type}: dynamic shape for {v.name}")
             dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type).name
             out.append(Tensor(v.name, dtype, tuple(dims)))
-        if any(t.size > 20000 or min(t.shape, default=1) < 1 for t in out):
-            raise Invalid(f"{node.op_type}: output empty or too large")
+        if any(t.size > 20000 for t in out):
+            raise Invalid(f"{node.op_type}: output too large")
+        if node.op_type in WINDOWED and any(t.size == 0 for t in out):
+            raise Invalid(f"{node.op_type}: a window wider than its padded input")
         return out
 
     def pick(self, dtypes: Sequence[str] = FLOAT, min_rank: int = 0, max_rank: int = 8,
@@ -170,8 +175,8 @@ class Builder:
 
 
 def feeds(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
-    """Deterministic finite inputs for ``model``: floats ~ N(0, 1) times a scale of 1 or 4,
-    integers in [-6, 6] ([0, 12] unsigned), booleans at random."""
+    """Deterministic finite inputs for ``model``: floats ~ N(0, 1) times a scale of 1, 4 or
+    100 (or all zeros), integers in [-6, 6] ([0, 12] unsigned), booleans at random."""
     rng = np.random.default_rng(seed)
     inits = {t.name for t in model.graph.initializer}
     out = {}
@@ -183,7 +188,7 @@ def feeds(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
         if dtype == np.bool_:
             arr = rng.random(shape) < 0.5
         elif dtype.kind == "f":
-            arr = rng.standard_normal(shape) * rng.choice([1.0, 4.0])
+            arr = rng.standard_normal(shape) * rng.choice([1.0, 1.0, 4.0, 100.0, 0.0])
         elif dtype.kind == "u":
             arr = rng.integers(0, 13, shape)
         else:

@@ -76,7 +76,7 @@ class _Worker:
 
 def run_campaign(seed: int, count: int, workers: int = 1, start: int = 0, out: Path | None = None,
                  timeout_s: float = 120.0, memory_mb: int = 4096, minimize: bool = True,
-                 minimize_s: float = 90.0, max_nodes: int = 15) -> list[dict[str, Any]]:
+                 minimize_s: float = 90.0, max_nodes: int = 24) -> list[dict[str, Any]]:
     """Run models ``start..start+count-1`` of ``seed``; one result dict per model, in order."""
     log_dir = Path(out) if out else Path(os.environ.get("TMPDIR", "/tmp"))
     log_dir.mkdir(parents=True, exist_ok=True)

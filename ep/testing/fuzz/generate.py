@@ -1,7 +1,7 @@
 """Random valid ONNX models from a seed: the fuzzer's generator.
 
 :func:`generate` ``(seed, index)`` is deterministic: one model of 1-3 graph inputs (float32
-mostly; float16, integers and booleans too) and a few to about fifteen operators drawn
+mostly; float16, integers and booleans too) and three to ``max_nodes`` (24) operators drawn
 uniformly from the catalogue (:data:`CATALOGUE`, about 90 entries over 85 operator types of
 the default domain: elementwise math, comparisons and logic, reductions, normalizations, layout
 and indexing, shape subgraphs, convolutions, pools and GEMMs), at an opset drawn from
@@ -30,13 +30,16 @@ def op_types() -> set[str]:
         "Constant", "DequantizeLinear", "Cast", "Add", "Or"}
 
 
-def generate(seed: int, index: int, max_nodes: int = 15) -> onnx.ModelProto:
+def generate(seed: int, index: int, max_nodes: int = 24) -> onnx.ModelProto:
     """Model number ``index`` of the campaign ``seed`` (always the same model)."""
     rng = np.random.default_rng([seed, index])
     b = Builder(rng, int(rng.choice(OPSETS)))
     for _ in range(int(rng.integers(1, 4))):
         rank = int(rng.choice([1, 2, 3, 4, 4, 3, 0]))
-        b.add_input(str(rng.choice(INPUT_DTYPES)), rng.integers(1, 7, rank).tolist())
+        dims = rng.integers(1, 7, rank)
+        if rank and rng.random() < 0.05:  # an empty tensor
+            dims[int(rng.integers(rank))] = 0
+        b.add_input(str(rng.choice(INPUT_DTYPES)), dims.tolist())
     names = sorted(n for n, (since, _) in CATALOGUE.items() if since <= b.opset)
     target = int(rng.integers(3, max_nodes + 1))
     attempts = 0

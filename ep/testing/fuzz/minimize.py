@@ -61,13 +61,15 @@ def without(model: onnx.ModelProto, drop: set[int]) -> onnx.ModelProto | None:
 
 
 def minimize(model: onnx.ModelProto, feed_seed: int, budget_s: float = 60.0,
-             fails: Callable[[onnx.ModelProto], bool] | None = None) -> onnx.ModelProto:
-    """The smallest model found within ``budget_s`` seconds that fails like ``model``."""
+             fails: Callable[[onnx.ModelProto], bool] | None = None,
+             optimize: bool = True) -> onnx.ModelProto:
+    """The smallest model found within ``budget_s`` seconds that fails like ``model`` (run
+    with ``optimize`` as :func:`~ep.testing.fuzz.run.run_case` takes it)."""
     if fails is None:
-        target = signature(run_case(model, feeds(model, feed_seed)))
+        target = signature(run_case(model, feeds(model, feed_seed), optimize=optimize))
 
         def fails(m: onnx.ModelProto) -> bool:
-            return signature(run_case(m, feeds(m, feed_seed))) == target
+            return signature(run_case(m, feeds(m, feed_seed), optimize=optimize)) == target
 
     deadline = time.monotonic() + budget_s
     chunk = max(1, len(model.graph.node) // 2)

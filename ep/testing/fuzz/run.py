@@ -19,7 +19,9 @@ differs while its inputs agree is named, and that node alone is rerun on onnxrun
 ep's inputs; if ep's output matches that, the difference is *amplified*: tolerated differences
 upstream that a discontinuous or steep op (``Floor``, ``Less``, ``Cos`` of a large value) grew.
 The reference is the one :func:`ep.testing.compare.reference_outputs` picks (node by node for
-float16 graphs; onnxruntime's whole-model result is accepted too).
+float16 graphs; onnxruntime's whole-model result is accepted too). When onnxruntime refuses a
+model at its default optimization level but runs it at the basic level (the one ep applies),
+the basic level's result is the reference and ``reference`` says so.
 """
 
 from __future__ import annotations
@@ -40,15 +42,30 @@ PROVIDERS = (NPU, "CPUExecutionProvider")
 
 
 def run_case(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
-             localize_differences: bool = True) -> dict[str, Any]:
-    """The outcome of ``model`` with ``feeds``: ``outcome``, ``detail``, node counts."""
+             localize_differences: bool = True, optimize: bool = True) -> dict[str, Any]:
+    """The outcome of ``model`` with ``feeds``: ``outcome``, ``detail``, node counts.
+
+    ``optimize=False`` runs ep without onnxruntime's basic graph optimizations, so the
+    partitioner sees the graph as written (``Constant`` nodes, shape subgraphs unfolded)."""
     import ep
     from ep.errors import OrtError
 
-    result: dict[str, Any] = {"nodes": sum(n.op_type != "Constant" for n in model.graph.node)}
+    result: dict[str, Any] = {"nodes": sum(n.op_type != "Constant" for n in model.graph.node),
+                              "optimized": optimize}
     want, whole, _, ort_error = reference_outputs(model, feeds)
+    if ort_error is not None and (basic := _basic_reference(model, feeds)) is not None:
+        # onnxruntime's own extended optimizations broke the model (its QDQ propagation
+        # inserts a QuantizeLinear of the wrong type at opset 21); ep runs the basic ones
+        result["reference"] = ("onnxruntime CPU at the basic optimization level; its default "
+                               f"level refused the model: {_short(ort_error, 150)}")
+        want = whole = basic
+        ort_error = None
+    options = ep.SessionOptions()
+    if not optimize:
+        options.graph_optimization_level = ep.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
-        session = ep.InferenceSession(model.SerializeToString(), providers=list(PROVIDERS))
+        session = ep.InferenceSession(model.SerializeToString(), options,
+                                      providers=list(PROVIDERS))
         result.update(_coverage(session))
         got = session.run(None, dict(feeds))
     except OrtError as exc:
@@ -69,8 +86,25 @@ def run_case(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
         return {**result, "outcome": "equal", "detail": ""}
     out = {**result, "outcome": "different", "detail": "; ".join(problems)}
     if localize_differences:
-        out.update(localize(model, feeds))
+        out.update(localize(model, feeds, options))
     return out
+
+
+def _basic_reference(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]
+                     ) -> list[np.ndarray] | None:
+    """onnxruntime's outputs with only its basic graph optimizations, or None if it refuses
+    at that level too."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), so,
+                                       providers=["CPUExecutionProvider"])
+        return session.run(None, dict(feeds))
+    except Exception:  # noqa: BLE001 - refused at the basic level as well
+        return None
 
 
 def _coverage(session: Any) -> dict[str, int]:
@@ -92,16 +126,18 @@ def _differences(model: onnx.ModelProto, got, want, whole) -> list[str]:
     return problems
 
 
-def localize(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
+def localize(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
+             options: Any = None) -> dict[str, Any]:
     """Name the node where ep first departs from onnxruntime (see the module doc):
-    ``{"culprit": op type, "amplified": bool, "where": text}``."""
+    ``{"culprit": op type, "amplified": bool, "where": text}``; ``options`` are ep's
+    session options."""
     import ep
 
     exposed, order = _expose_all(model)
     want, whole, _, ort_error = reference_outputs(exposed, feeds)
     try:
-        got = ep.InferenceSession(exposed.SerializeToString(), providers=list(PROVIDERS)).run(
-            None, dict(feeds))
+        got = ep.InferenceSession(exposed.SerializeToString(), options,
+                                  providers=list(PROVIDERS)).run(None, dict(feeds))
     except Exception as exc:  # noqa: BLE001 - exposing tensors changed the outcome
         return {"where": f"not localized: with every tensor exposed ep raised {exc!r:.200}"}
     if ort_error is not None or want is None or whole is None:
