@@ -3,7 +3,8 @@
 Each case is the minimized model in ONNX's textual syntax and the seed of its inputs
 (``ep.testing.fuzz.feeds``); it must give onnxruntime's result, judged in the same test
 against the installed onnxruntime by :func:`ep.testing.fuzz.run_case` (equal within the
-dtype's tolerance, or refused with the same error class).
+dtype's tolerance, or refused with the same error class). ``UNOPTIMIZED`` cases run ep without
+onnxruntime's graph optimizations, so the partitioner sees the graph as written.
 """
 
 from __future__ import annotations
@@ -37,6 +38,47 @@ CASES = {
         fuzz (float[3,4,6] t17) => (float[3,4,3] t19) {
             t19 = MaxPool <auto_pad = "SAME_UPPER", kernel_shape = [1], strides = [2]> (t17)
         }"""),
+    # Resize by 0.5 of a length-1 axis gives an empty output: the NPU kernel faulted.
+    "resize-to-empty": (13000104, """
+        <ir_version: 8, opset_import: ["" : 13]>
+        fuzz (float[4,2,1,1] t36) => (float[4,2,0,1] t50) <float[4] c49 = {1, 1, 0.5, 1}> {
+            t50 = Resize <mode = "linear"> (t36, "", c49)
+        }"""),
+    # The misshapen pool's shape flows on through a CPU node (Trilu) to an NPU node (Max),
+    # which was compiled for the inferred shape; onnxruntime itself fails at Max.
+    "misshapen-pool-two-nodes-down": (13000835, """
+        <ir_version: 10, opset_import: ["" : 21]>
+        fuzz (float[2,6,6] in1, int64 c7) => (float[2,6,4] t12)
+             <float[4] c11 = {0.13610739, -1.2890853, 1.6479315, 1.0126888}> {
+            t1 = MaxPool <auto_pad = "VALID", ceil_mode = 1, kernel_shape = [1],
+                          strides = [2]> (in1)
+            t9 = Trilu <upper = 0> (t1, c7)
+            t12 = Max (t9, c11)
+        }"""),
+}
+UNOPTIMIZED = {
+    # Constants split from their consumers: without graph optimizations the Constant ``c``
+    # lands in the NPU partition of the first Expand, the second Expand after a CPU node in
+    # another; its shape input was a partition input there, so its output shape was symbolic
+    # and the compiler failed the session ("has symbolic dimension 'unk__0'").
+    "constant-split-from-consumer": (13000703, """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,1,4] x) => (float[2,3,4] y) {
+            c = Constant <value = int64[3] {2, 3, 4}> ()
+            a = Expand (x, c)
+            b = Softplus (a)
+            m = ReduceMean <axes = [1], keepdims = 1> (b)
+            e = Expand (m, c)
+            y = Relu (e)
+        }"""),
+    # A Constant whose only consumer falls back to the CPU: the NPU partition holding it
+    # alone has nothing to produce.
+    "constant-alone-in-a-partition": (0, """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,3] x) => (float[2,3] y) {
+            c = Constant <value = float[1] {2.0}> ()
+            y = Mod <fmod = 1> (x, c)
+        }"""),
 }
 
 
@@ -45,4 +87,12 @@ def test_fuzz_reproducer_gives_onnxruntimes_result(name: str) -> None:
     seed, text = CASES[name]
     model = onnx.parser.parse_model(text)
     result = run_case(model, feeds(model, seed))
+    assert result["outcome"] in OK, result
+
+
+@pytest.mark.parametrize("name", sorted(UNOPTIMIZED))
+def test_unoptimized_reproducer_gives_onnxruntimes_result(name: str) -> None:
+    seed, text = UNOPTIMIZED[name]
+    model = onnx.parser.parse_model(text)
+    result = run_case(model, feeds(model, seed), optimize=False)
     assert result["outcome"] in OK, result
