@@ -187,6 +187,20 @@ def _negative_same_pad(attrs: dict, shape) -> str | None:
     return None
 
 
+_EMPTY_OK = frozenset({"Shape", "Constant", "ConstantOfShape"})
+"""Ops the NPU runs on empty tensors; others leave them to the CPU, whose handling (an empty
+result, or a refusal: ArgMax over nothing, LayerNormalization of nothing, Reshape inferring -1
+from no elements) is onnxruntime's own."""
+
+
+def _empty_tensor(graph: GraphView, i: int) -> str | None:
+    for tensor in [*graph.nodes[i].input, *_live_outputs(graph, i)]:
+        _, shape = graph.tensor_type(tensor) if tensor else (None, None)
+        if shape is not None and 0 in shape:
+            return f"empty tensor '{tensor}' (shape {tuple(shape)}) not supported"
+    return None
+
+
 def _maxpool(graph: GraphView, i: int) -> str | None:
     if len(_live_outputs(graph, i)) > 1:
         return "the Indices output is not supported (only when nothing reads it)"
@@ -392,6 +406,8 @@ def _reason(graph: GraphView, i: int) -> str | None:
         if tensor and (why := _static(graph, tensor, "input")):
             return why
     if why := _unreliable_input(graph, i):
+        return why
+    if node.op_type not in _EMPTY_OK and (why := _empty_tensor(graph, i)):
         return why
     for tensor in _live_outputs(graph, i):  # a dead tail is not materialized: any shape will do
         role = "unused output (a later output is used)" if is_dead(graph, tensor) else "output"
