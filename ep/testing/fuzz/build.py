@@ -147,7 +147,7 @@ class Builder:
              where=None) -> Tensor:
         """A pool tensor of one of ``dtypes`` and rank in range, recent ones more likely."""
         fits = [t for t in self.pool if t.dtype in dtypes and min_rank <= t.rank <= max_rank
-                and t.size > 0 and (where is None or where(t))]
+                and (where is None or where(t))]
         if not fits:
             raise Invalid(f"no tensor of {dtypes} rank {min_rank}..{max_rank}")
         weights = np.arange(1, len(fits) + 1, dtype=np.float64) ** 2

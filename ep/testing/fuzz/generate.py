@@ -49,7 +49,8 @@ def generate(seed: int, index: int, max_nodes: int = 24) -> onnx.ModelProto:
         state = b.snapshot()
         try:
             CATALOGUE[name][1](b)
-        except Invalid:
+        except (Invalid, ValueError, IndexError, ZeroDivisionError):
+            # proposers draw attributes from dims; an empty dim leaves nothing to draw from
             b.rollback(state)
     read = {i for n in b.nodes for i in n.input}
     leaves = [t for t in b.pool if t.name not in read and t not in b.inputs]

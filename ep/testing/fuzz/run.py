@@ -10,7 +10,8 @@ outcome                       meaning
 ``different``                 values, dtypes or shapes differ
 ``ep-ran-ort-refused``        ep returned outputs for a model onnxruntime refuses
 ``raw-exception``             ep raised an exception that is not an ``OrtError``
-``crash`` / ``hang``          the worker process died / ran out of time (see ``campaign``)
+``crash`` / ``hang``          the worker process died / ran out of time in ep (see ``campaign``)
+``onnxruntime-crash``         ... in onnxruntime's reference run (``onnxruntime-hang`` alike)
 ============================  ================================================================
 
 ``equal`` and ``refused-alike`` give onnxruntime's result. A ``different`` outcome is localized
@@ -27,11 +28,12 @@ the basic level's result is the reference and ``reference`` says so.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import helper
 
 from ep.testing.compare import compare, reference_outputs
@@ -42,17 +44,25 @@ PROVIDERS = (NPU, "CPUExecutionProvider")
 
 
 def run_case(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
-             localize_differences: bool = True, optimize: bool = True) -> dict[str, Any]:
+             localize_differences: bool = True, optimize: bool = True,
+             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The outcome of ``model`` with ``feeds``: ``outcome``, ``detail``, node counts.
 
     ``optimize=False`` runs ep without onnxruntime's basic graph optimizations, so the
-    partitioner sees the graph as written (``Constant`` nodes, shape subgraphs unfolded)."""
+    partitioner sees the graph as written (``Constant`` nodes, shape subgraphs unfolded), and
+    judges it against onnxruntime without optimizations too. ``progress`` is told each stage (``"onnxruntime"``, ``"ep"``) before it starts, so a
+    process that dies can say which one killed it."""
     import ep
     from ep.errors import OrtError
 
     result: dict[str, Any] = {"nodes": sum(n.op_type != "Constant" for n in model.graph.node),
                               "optimized": optimize}
-    want, whole, _, ort_error = reference_outputs(model, feeds)
+    if progress:
+        progress("onnxruntime")
+    # without optimizations on both sides: onnxruntime's QDQ optimizers change values (they
+    # drop a QuantizeLinear -> DequantizeLinear pair, its rounding with it)
+    level = None if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want, whole, _, ort_error = reference_outputs(model, feeds, level=level)
     if ort_error is not None and (basic := _basic_reference(model, feeds)) is not None:
         # onnxruntime's own extended optimizations broke the model (its QDQ propagation
         # inserts a QuantizeLinear of the wrong type at opset 21); ep runs the basic ones
@@ -63,6 +73,8 @@ def run_case(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
     options = ep.SessionOptions()
     if not optimize:
         options.graph_optimization_level = ep.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if progress:
+        progress("ep")
     try:
         session = ep.InferenceSession(model.SerializeToString(), options,
                                       providers=list(PROVIDERS))
@@ -94,8 +106,6 @@ def _basic_reference(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]
                      ) -> list[np.ndarray] | None:
     """onnxruntime's outputs with only its basic graph optimizations, or None if it refuses
     at that level too."""
-    import onnxruntime as ort
-
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
@@ -134,7 +144,11 @@ def localize(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
     import ep
 
     exposed, order = _expose_all(model)
-    want, whole, _, ort_error = reference_outputs(exposed, feeds)
+    level = None
+    if options is not None and options.graph_optimization_level == (
+            ep.GraphOptimizationLevel.ORT_DISABLE_ALL):
+        level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want, whole, _, ort_error = reference_outputs(exposed, feeds, level=level)
     try:
         got = ep.InferenceSession(exposed.SerializeToString(), options,
                                   providers=list(PROVIDERS)).run(None, dict(feeds))
@@ -180,8 +194,6 @@ def _expose_all(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[onnx.Node
 
 def _run_alone(model: onnx.ModelProto, node: onnx.NodeProto,
                env: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    import onnxruntime as ort
-
     inputs = [i for i in dict.fromkeys(node.input) if i]
     values = [helper.make_tensor_value_info(
         n, helper.np_dtype_to_tensor_dtype(np.asarray(env[n]).dtype), np.shape(env[n]))

@@ -2,6 +2,7 @@
 
 Reads one JSON job a line on stdin (``{"seed": S, "index": I, "max_nodes": N, "minimize":
 B}``), generates the model itself, runs it (:func:`ep.testing.fuzz.run.run_case`) and writes
+``{"phase": "stage", "stage": "onnxruntime" | "ep"}`` as it goes and then
 ``{"phase": "result", ...}``; for a failure it then minimizes it and writes
 ``{"phase": "minimized", "reproducer": <ONNX text>}``. The protocol goes to the original
 stdout only; anything else printed goes to stderr. The address space is limited with
@@ -65,7 +66,12 @@ def main(argv: list[str] | None = None) -> int:
             protocol.flush()
             continue
         optimize = optimized(job["index"])
-        result = run_case(model, feeds(model, fs), optimize=optimize)
+
+        def stage(name: str, index: int = job["index"]) -> None:
+            protocol.write(json.dumps({"index": index, "phase": "stage", "stage": name}) + "\n")
+            protocol.flush()
+
+        result = run_case(model, feeds(model, fs), optimize=optimize, progress=stage)
         result.update(index=job["index"], phase="result", feed_seed=fs,
                       ops=sorted({n.op_type for n in model.graph.node}),
                       seconds=round(time.perf_counter() - started, 3))
