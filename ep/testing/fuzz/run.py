@@ -50,8 +50,9 @@ def run_case(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
 
     ``optimize=False`` runs ep without onnxruntime's basic graph optimizations, so the
     partitioner sees the graph as written (``Constant`` nodes, shape subgraphs unfolded), and
-    judges it against onnxruntime without optimizations too. ``progress`` is told each stage (``"onnxruntime"``, ``"ep"``) before it starts, so a
-    process that dies can say which one killed it."""
+    judges it against onnxruntime without optimizations too. ``progress`` is told each stage
+    (``"onnxruntime"``, ``"ep"``) before it starts, so a process that dies can say which one
+    killed it."""
     import ep
     from ep.errors import OrtError
 
@@ -164,8 +165,7 @@ def localize(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
         outs = [o for o in node.output if o in bad]
         if not outs or any(i in bad for i in node.input):
             continue
-        env = {**{t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer},
-               **feeds, **ep_values}
+        env = {**_constants(model), **feeds, **ep_values}
         try:
             alone = _run_alone(model, node, env)
         except Exception as exc:  # noqa: BLE001
@@ -175,6 +175,16 @@ def localize(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
         return {"culprit": node.op_type, "amplified": amplified,
                 "where": f"{node.op_type} node {node.name!r} output {outs[0]!r}"}
     return {"where": "not localized: no tensor differs once every tensor is an output"}
+
+
+def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Initializers and ``Constant`` node values (``value`` attribute) by name."""
+    out = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if node.op_type == "Constant" and attr.name == "value":
+                out[node.output[0]] = onnx.numpy_helper.to_array(attr.t)
+    return out
 
 
 def _expose_all(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[onnx.NodeProto]]:
