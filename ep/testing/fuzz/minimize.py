@@ -1,6 +1,7 @@
 """Shrink a failing model to a small reproducer by deleting nodes (delta debugging).
 
-A candidate deletes a set of nodes: each deleted output something still reads becomes a new
+A candidate deletes a set of nodes (never a ``Constant`` alone: it goes with its last reader):
+each deleted output something still reads becomes a new
 graph input (typed by ONNX shape inference), a deleted graph output is dropped, a tensor nobody
 reads any more becomes a graph output, and initializers nobody reads go. The candidate is kept
 when it still fails the same way (the same outcome, and for a localized difference the same
@@ -29,11 +30,12 @@ def signature(result: dict) -> tuple:
 def without(model: onnx.ModelProto, drop: set[int]) -> onnx.ModelProto | None:
     """``model`` without the nodes at indices ``drop``; None if nothing would remain."""
     typed = {v.name: v for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
-    typed.update({v.name: v for v in model.graph.input})
+    typed.update({v.name: v for v in [*model.graph.input, *model.graph.output]})
     kept = [n for k, n in enumerate(model.graph.node) if k not in drop]
+    read = {i for n in kept for i in n.input if i}
+    kept = [n for n in kept if n.op_type != "Constant" or n.output[0] in read]
     made = {o for n in kept for o in n.output}
     inits = {t.name: t for t in model.graph.initializer}
-    read = {i for n in kept for i in n.input if i}
     outputs = [o for o in model.graph.output if o.name in made]
     listed = {o.name for o in outputs}
     for n in kept:  # what nobody reads any more becomes an output: no dead nodes
@@ -76,11 +78,14 @@ def minimize(model: onnx.ModelProto, feed_seed: int, budget_s: float = 60.0,
     while chunk >= 1 and time.monotonic() < deadline:
         shrunk = False
         start = 0
-        while start < len(model.graph.node) and time.monotonic() < deadline:
-            drop = set(range(start, min(start + chunk, len(model.graph.node))))
-            candidate = without(model, drop)
+        # Constant nodes go with their last reader: deleting one alone would turn a constant
+        # axes or shape into a graph input, which changes what the model means
+        ops = [k for k, n in enumerate(model.graph.node) if n.op_type != "Constant"]
+        while start < len(ops) and time.monotonic() < deadline:
+            candidate = without(model, set(ops[start:start + chunk]))
             if candidate is not None and fails(candidate):
                 model, shrunk = candidate, True
+                ops = [k for k, n in enumerate(model.graph.node) if n.op_type != "Constant"]
             else:
                 start += chunk
         if not shrunk:
