@@ -55,8 +55,31 @@ CASES = {
             t9 = Trilu <upper = 0> (t1, c7)
             t12 = Max (t9, c11)
         }"""),
+    # Empty tensors: onnxruntime refuses these; the NPU ran them (or faulted with EPFail).
+    "reshape-empty-to-scalar": (14000362, """
+        <ir_version: 10, opset_import: ["" : 21]>
+        fuzz (float[8,0] t15) => (float t33) {
+            c31 = Constant <value = int64[0] {}> ()
+            t33 = Reshape (t15, c31)
+        }"""),
+    "layernorm-of-nothing": (14000495, """
+        <ir_version: 10, opset_import: ["" : 21]>
+        fuzz (float[0,6,5] t34) => (float[0,6,5] t44)
+             <float[0,6,5] c42 = {}, float[0,6,5] c43 = {}> {
+            t44 = LayerNormalization <axis = -3, epsilon = 0.001> (t34, c42, c43)
+        }"""),
 }
 UNOPTIMIZED = {
+    "argmin-over-nothing": (14000071, """
+        <ir_version: 10, opset_import: ["" : 20]>
+        fuzz (float[0] t25) => (int64[1] t31) {
+            t31 = ArgMin <axis = -1, keepdims = 1, select_last_index = 0> (t25)
+        }"""),
+    "argmax-over-nothing": (14000576, """
+        <ir_version: 8, opset_import: ["" : 18]>
+        fuzz (float[0,3] t2) => (int64[3] t4) {
+            t4 = ArgMax <axis = -2, keepdims = 0, select_last_index = 0> (t2)
+        }"""),
     # Constants split from their consumers: without graph optimizations the Constant ``c``
     # lands in the NPU partition of the first Expand, the second Expand after a CPU node in
     # another; its shape input was a partition input there, so its output shape was symbolic
