@@ -194,10 +194,12 @@ from no elements) is onnxruntime's own."""
 
 
 def _empty_tensor(graph: GraphView, i: int) -> str | None:
-    for tensor in [*graph.nodes[i].input, *_live_outputs(graph, i)]:
+    roles = [("input", t) for t in graph.nodes[i].input] + [
+        ("output", t) for t in _live_outputs(graph, i)]
+    for role, tensor in roles:
         _, shape = graph.tensor_type(tensor) if tensor else (None, None)
         if shape is not None and 0 in shape:
-            return f"empty tensor '{tensor}' (shape {tuple(shape)}) not supported"
+            return f"empty {role} '{tensor}' (shape {tuple(shape)}) not supported"
     return None
 
 
@@ -215,9 +217,6 @@ def _nonempty(graph: GraphView, i: int) -> str | None:
 
 
 def _resize_checked(graph: GraphView, i: int) -> str | None:
-    _, shape = graph.tensor_type(graph.nodes[i].output[0])
-    if shape is not None and 0 in shape:
-        return f"empty output (shape {tuple(shape)}) not supported"
     return _nonempty(graph, i) or _resize(graph, i)
 
 
@@ -407,13 +406,13 @@ def _reason(graph: GraphView, i: int) -> str | None:
             return why
     if why := _unreliable_input(graph, i):
         return why
-    if node.op_type not in _EMPTY_OK and (why := _empty_tensor(graph, i)):
-        return why
     for tensor in _live_outputs(graph, i):  # a dead tail is not materialized: any shape will do
         role = "unused output (a later output is used)" if is_dead(graph, tensor) else "output"
         if tensor and (why := _static(graph, tensor, role)):
             return why
-    return support.check(graph, i) if support.check else None
+    if support.check and (why := support.check(graph, i)):
+        return why
+    return None if node.op_type in _EMPTY_OK else _empty_tensor(graph, i)
 
 
 def check_node(graph: GraphView, i: int) -> str | None:
