@@ -160,3 +160,17 @@ def test_float16_on_the_npu_rounds_every_tensor_as_onnx_defines():
     session = ep.InferenceSession(model.SerializeToString())
     assert set(session.get_node_assignment()) == {"n0", "n1"}
     np.testing.assert_array_equal(session.run(None, feeds)[0], rounded)
+
+
+@pytest.mark.parametrize("zero_point", [np.int8(3), np.uint8(128)])
+def test_quantize_linear_of_nan_gives_the_types_minimum_like_onnxruntime(zero_point):
+    inits = [numpy_helper.from_array(np.array(0.01, np.float32), "s"),
+             numpy_helper.from_array(np.array(zero_point), "z")]
+    node = helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"], name="n")
+    model = _model(node, (6,), None, inits)
+    model.graph.output[0].type.tensor_type.elem_type = helper.np_dtype_to_tensor_dtype(
+        np.array(zero_point).dtype)
+    x = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, 1.0], np.float32)
+    out = assert_matches_onnxruntime(model, {"x": x})
+    assert out[0][0] == np.iinfo(np.array(zero_point).dtype).min
+    assert _assignment(model)[0] == NPU
