@@ -370,6 +370,8 @@ def _static(graph: GraphView, tensor: str, role: str) -> str | None:
             return f"dynamic dimension '{dim}' on {role} '{tensor}'; set a dim override"
         if not isinstance(dim, int):
             return f"unknown dimension {k} on {role} '{tensor}'"
+        if dim < 0:  # ONNX shape inference of a window wider than its padded input
+            return f"negative dimension {k} ({dim}) inferred for {role} '{tensor}'"
     return None
 
 

@@ -68,6 +68,16 @@ CASES = {
              <float[0,6,5] c42 = {}, float[0,6,5] c43 = {}> {
             t44 = LayerNormalization <axis = -3, epsilon = 0.001> (t34, c42, c43)
         }"""),
+    # ONNX shape inference gives ConvTranspose a negative dimension when the padding exceeds
+    # the output: the NPU compiler failed with InvalidGraph, onnxruntime's is InvalidArgument.
+    "negative-inferred-dimension": (20261184783497, """
+        <ir_version: 8, opset_import: ["" : 18]>
+        fuzz (float[2,5,1,5] t39) => (float[2,2,-1,5] t56) <float[5,2,3,1] c55 = {
+            0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5,
+            1.6, 1.7, 1.8, 1.9, 2.0, 2.1, 2.2, 2.3, 2.4, 2.5, 2.6, 2.7, 2.8, 2.9, 3.0}> {
+            t56 = ConvTranspose <kernel_shape = [3, 1], pads = [2, 0, 2, 0],
+                                 strides = [1, 1]> (t39, c55)
+        }"""),
 }
 UNOPTIMIZED = {
     "argmin-over-nothing": (14000071, """
