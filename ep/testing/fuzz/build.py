@@ -137,8 +137,8 @@ class Builder:
                 raise Invalid(f"{node.op_type}: dynamic shape for {v.name}")
             dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type).name
             out.append(Tensor(v.name, dtype, tuple(dims)))
-        if any(t.size > 20000 for t in out):
-            raise Invalid(f"{node.op_type}: output too large")
+        if any(t.size > 20000 or min(t.shape, default=0) < 0 for t in out):
+            raise Invalid(f"{node.op_type}: output too large or of a negative dimension")
         if node.op_type in WINDOWED and any(t.size == 0 for t in out):
             raise Invalid(f"{node.op_type}: a window wider than its padded input")
         return out
