@@ -1,7 +1,7 @@
 """Differential fuzzing: random valid ONNX models, run on ep and on onnxruntime, compared.
 
 - :mod:`~ep.testing.fuzz.generate`: :func:`generate` ``(seed, index)``, a model from a
-  catalogue of about 90 proposers over 100+ operator types, typed by ONNX's shape inference
+  catalogue of 109 proposers over 108 operator types, typed by ONNX's shape inference
   (:mod:`~ep.testing.fuzz.build`, :mod:`~ep.testing.fuzz.ops_math`,
   :mod:`~ep.testing.fuzz.ops_tensor`). It shares no code with the NPU's compiler or with
   :mod:`ep.testing.strategies`.
