@@ -365,6 +365,8 @@ class LoadedProgram:
             t = self.program.tensors[tensor]
             if t.region == Region.WEIGHTS and self.placement is not None:
                 address = self.placement.addresses[tensor]
+            elif t.spec.nbytes == 0:  # an empty tensor has no byte to address: any region
+                address = 0           # may be unallocated (an empty weight makes none)
             else:
                 address = self.base(t.region) + t.offset
             operand = self._operands[tensor] = (address, t.spec)

@@ -16,6 +16,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from .. import errors
 from ..errors import EPFail, InvalidArgument
 from .graph import GraphView
 from .options import INTRA_OP_THREADS
@@ -31,6 +32,14 @@ def fused_model(fused: FusedNode) -> onnx.ModelProto:
     opsets = list(fused.opset_imports)
     ir_version = max(_MIN_IR_VERSION, helper.find_min_ir_version_for(opsets, True))
     return helper.make_model(fused.graph, opset_imports=opsets, ir_version=ir_version)
+
+
+def same_error(exc: Exception) -> type[errors.OrtError]:
+    """The ``ep.errors`` class named like onnxruntime's exception (``InvalidGraph``,
+    ``RuntimeException``...), so a refusal the CPU fallback passes on keeps onnxruntime's
+    status; ``EPFail`` for anything else."""
+    found = getattr(errors, type(exc).__name__, None)
+    return found if isinstance(found, type) and issubclass(found, errors.OrtError) else EPFail
 
 
 class OrtCompiledNode(CompiledNode):
@@ -49,7 +58,7 @@ class OrtCompiledNode(CompiledNode):
                     providers=["CPUExecutionProvider"],
                 )
             except Exception as exc:  # onnxruntime raises its own exception types
-                raise EPFail(
+                raise same_error(exc)(
                     f"CPUExecutionProvider could not compile partition {fused.name!r}: {exc}"
                 ) from None
 
@@ -66,7 +75,8 @@ class OrtCompiledNode(CompiledNode):
         try:
             return list(self._session.run(self.outputs, feeds))
         except Exception as exc:
-            raise EPFail(f"CPUExecutionProvider failed running {self.name!r}: {exc}") from None
+            raise same_error(exc)(
+                f"CPUExecutionProvider failed running {self.name!r}: {exc}") from None
 
 
 class CPUExecutionProvider(ExecutionProvider):

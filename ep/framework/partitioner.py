@@ -20,8 +20,9 @@ keeps it acyclic iff neither reaches the other through a third vertex. Nodes joi
 in topological order, so a group that is already convex stays whole.
 
 Tensors at partition boundaries: a partition's ``inputs`` are the tensors its nodes read that
-are produced outside it, graph inputs included; initializers are not inputs, they go into the
-fused subgraph of every partition that uses them. Its ``outputs`` are the tensors it produces
+are produced outside it, graph inputs included; initializers and small ``Constant`` node outputs
+(:func:`shared_constant`) are not inputs, they go into the fused subgraph of every partition
+that uses them. Its ``outputs`` are the tensors it produces
 that another partition reads or that are graph outputs.
 """
 
@@ -32,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from ..errors import EPFail, InvalidArgument
 from .cpu import CPUExecutionProvider
@@ -275,6 +276,22 @@ class _Quotient:
         return result
 
 
+SHARED_CONSTANT_BYTES = 1 << 16
+"""A ``Constant`` node's value up to this size is copied into every partition reading it."""
+
+
+def shared_constant(graph: GraphView, name: str) -> bool:
+    """Whether ``name`` is a small ``Constant`` node's output: like an initializer, it goes
+    into the fused subgraph of every partition that reads it instead of crossing a partition
+    boundary, so a consumer that needs it constant (axes, shapes) has it constant even when
+    the partitioner put the ``Constant`` node in an earlier partition."""
+    p = graph.producer(name)
+    if p is None or graph.nodes[p].op_type != "Constant":
+        return False
+    value = graph.constant(name)
+    return value is not None and value.nbytes <= SHARED_CONSTANT_BYTES
+
+
 def _boundary(graph: GraphView, nodes: tuple[int, ...]) -> tuple[list[str], list[str]]:
     inside = set(nodes)
     inputs: dict[str, None] = {}
@@ -282,13 +299,15 @@ def _boundary(graph: GraphView, nodes: tuple[int, ...]) -> tuple[list[str], list
     graph_outputs = set(graph.outputs)
     for i in nodes:
         for name in graph.node_inputs(i):
-            if name in graph.initializers or graph.producer(name) in inside:
+            if name in graph.initializers or graph.producer(name) in inside or shared_constant(
+                    graph, name):
                 continue
             inputs.setdefault(name)
         for name in graph.nodes[i].output:
             if not name:
                 continue
-            if name in graph_outputs or any(c not in inside for c in graph.consumers(name)):
+            if name in graph_outputs or (not shared_constant(graph, name) and any(
+                    c not in inside for c in graph.consumers(name))):
                 outputs.setdefault(name)
     return list(inputs), list(outputs)
 
@@ -305,11 +324,15 @@ def _typed(graph: GraphView, name: str) -> onnx.ValueInfoProto:
 def _fused_node(graph: GraphView, part: Partition) -> FusedNode:
     nodes = [graph.nodes[i] for i in part.nodes]
     used: dict[str, None] = {}
+    copied: dict[str, onnx.TensorProto] = {}  # shared constants made outside the partition
     internal: dict[str, None] = {}
+    inside = set(part.nodes)
     for i in part.nodes:
         for name in graph.node_inputs(i):
             if name in graph.initializers:
                 used.setdefault(name)
+            elif graph.producer(name) not in inside and shared_constant(graph, name):
+                copied[name] = numpy_helper.from_array(graph.constant(name), name)
         for name in graph.nodes[i].output:
             if name and name not in part.outputs:
                 internal.setdefault(name)
@@ -321,7 +344,7 @@ def _fused_node(graph: GraphView, part: Partition) -> FusedNode:
         part.name,
         [_typed(graph, n) for n in part.inputs],
         [_typed(graph, n) for n in part.outputs],
-        initializer=[graph.initializers[n] for n in used],
+        initializer=[graph.initializers[n] for n in used] + list(copied.values()),
         value_info=value_info,
     )
     return FusedNode(

@@ -19,6 +19,7 @@ partitioner splits a group further if keeping it whole would create a cycle betw
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Mapping
 
 from ep.framework.graph import GraphView
@@ -26,6 +27,7 @@ from ep.framework.provider import ComputeCapability
 
 from .ops import OpSupport
 from .ops.catalogue import ALL, BOOL, FLOATS, INTS, MAX_OPSET, NUMERIC, SupportTable
+from .ops.pool import CEIL_DISAGREES, pool_check
 from .ops.rules import is_dead, live_outputs, require_constant
 
 __all__ = ["ALL", "BOOL", "FLOATS", "INTS", "MAX_OPSET", "NUMERIC", "SUPPORT_TABLE", "OpSupport",
@@ -36,6 +38,55 @@ _INFERRED = "unk__"  # prefix of the dim_params ONNX shape inference invents for
 SUPPORT_TABLE: Mapping[str, OpSupport] = SupportTable()
 """op_type -> what the NPU supports of it (ops of the default ONNX domain), read live from the
 catalogue."""
+
+_EMPTY_OK = frozenset({"Shape", "Constant", "ConstantOfShape"})
+"""Ops the NPU runs on empty tensors; others leave them to the CPU, whose handling (an empty
+result, or a refusal: ArgMax over nothing, LayerNormalization of nothing, Reshape inferring -1
+from no elements) is onnxruntime's own."""
+
+_MISSHAPEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _misshapen_pools(graph: GraphView) -> dict[int, str]:
+    """Node -> the pool upstream of it (itself included) whose inferred output shape
+    onnxruntime does not produce, named; computed once per graph."""
+    if graph in _MISSHAPEN:
+        return _MISSHAPEN[graph]
+    found: dict[int, str] = {}
+    for i in range(len(graph.nodes)):  # a GraphView's nodes are in topological order
+        node = graph.nodes[i]
+        if node.op_type in ("MaxPool", "AveragePool") and (why := pool_check(graph, i)) and (
+                CEIL_DISAGREES in why):
+            found[i] = f"{node.op_type} {graph.names[i]!r}, for which {why}"
+            continue
+        for tensor in node.input:
+            p = graph.producer(tensor) if tensor else None
+            if p is not None and p in found:
+                found[i] = found[p]
+                break
+    _MISSHAPEN[graph] = found
+    return found
+
+
+def _unreliable_input(graph: GraphView, i: int) -> str | None:
+    """An input downstream of a pool whose inferred shape onnxruntime does not produce: the
+    node would be compiled for a shape it never receives."""
+    misshapen = _misshapen_pools(graph)
+    for tensor in graph.nodes[i].input:
+        p = graph.producer(tensor) if tensor else None
+        if p is not None and p in misshapen:
+            return f"the shape of input '{tensor}' depends on {misshapen[p]}"
+    return None
+
+
+def _empty_tensor(graph: GraphView, i: int) -> str | None:
+    roles = [("input", t) for t in graph.nodes[i].input] + [
+        ("output", t) for t in live_outputs(graph, i)]
+    for role, tensor in roles:
+        _, shape = graph.tensor_type(tensor) if tensor else (None, None)
+        if shape is not None and 0 in shape:
+            return f"empty {role} '{tensor}' (shape {tuple(shape)}) not supported"
+    return None
 
 
 def _static(graph: GraphView, tensor: str, role: str) -> str | None:
@@ -48,6 +99,8 @@ def _static(graph: GraphView, tensor: str, role: str) -> str | None:
             return f"dynamic dimension '{dim}' on {role} '{tensor}'; set a dim override"
         if not isinstance(dim, int):
             return f"unknown dimension {k} on {role} '{tensor}'"
+        if dim < 0:  # ONNX shape inference of a window wider than its padded input
+            return f"negative dimension {k} ({dim}) inferred for {role} '{tensor}'"
     return None
 
 
@@ -82,11 +135,15 @@ def _reason(graph: GraphView, i: int) -> str | None:
     for tensor in node.input:
         if tensor and (why := _static(graph, tensor, "input")):
             return why
+    if why := _unreliable_input(graph, i):
+        return why
     for tensor in live_outputs(graph, i):  # a dead tail is not materialized: any shape will do
         role = "unused output (a later output is used)" if is_dead(graph, tensor) else "output"
         if tensor and (why := _static(graph, tensor, role)):
             return why
-    return support.check(graph, i) if support.check else None
+    if support.check and (why := support.check(graph, i)):
+        return why
+    return None if node.op_type in _EMPTY_OK else _empty_tensor(graph, i)
 
 
 def check_node(graph: GraphView, i: int) -> str | None:

@@ -7,7 +7,9 @@
   replayable case (:func:`replay`);
 - a pytest plugin (:mod:`ep.testing.pytest_plugin`, active once the package is installed) with
   the fixtures ``npu_device``, ``npu_session`` and ``assert_matches_onnxruntime``;
-- :mod:`ep.testing.conformance`: the ONNX backend node tests through :mod:`ep.backend`.
+- :mod:`ep.testing.conformance`: the ONNX backend node tests through :mod:`ep.backend`;
+- :mod:`ep.testing.fuzz`: differential fuzzing with a model generator of its own
+  (``python -m ep.testing.fuzz --seed S --count N --workers W --out DIR``).
 """
 
 from .compare import Mismatch, assert_matches_onnxruntime, replay

@@ -85,16 +85,7 @@ def assert_matches_onnxruntime(
 
     proto, source = _load(model)
     feeds = dict(random_inputs(proto, 0) if feeds is None else feeds)
-    half = _has_half_tensors(proto)
-    reference = NODE_BY_NODE if half else "onnxruntime CPU (whole model)"
-    want: list[np.ndarray] | None = None
-    whole: list[np.ndarray] | None = None  # onnxruntime's own float16 answer, also accepted
-    ort_error: Exception | None = None
-    try:
-        whole = _cpu_session(source).run(None, dict(feeds))
-        want = _node_by_node(proto, feeds) if half and not _has_subgraphs(proto) else whole
-    except Exception as exc:  # noqa: BLE001 - any onnxruntime failure is "it refused"
-        ort_error = exc
+    want, whole, reference, ort_error = reference_outputs(proto, feeds, source)
     chosen = list(DEFAULT_PROVIDERS if providers is None else providers)
     tolerances = dict(rtol=rtol, atol=atol, ulps=ulps, quant_steps=quant_steps)
 
@@ -133,6 +124,28 @@ def assert_matches_onnxruntime(
     if problems:
         raise fail("ep differs from onnxruntime:\n  " + "\n  ".join(problems))
     return list(got)
+
+
+def reference_outputs(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
+                      source: str | bytes | None = None, level: Any = None) -> tuple[
+        list[np.ndarray] | None, list[np.ndarray] | None, str, Exception | None]:
+    """onnxruntime's answer for ``model``: ``(want, whole, label, error)``.
+
+    ``whole`` is onnxruntime's whole-model result; ``want`` the reference to hold the EP to:
+    ``whole``, or for a graph with float16/bfloat16 tensors onnxruntime run node by node
+    (``label`` says which). ``error`` is onnxruntime's exception when it refused the model or
+    its inputs (then both outputs are None). ``source`` is the model's path or bytes when
+    onnxruntime should load it from there (external data); ``level`` an
+    ``onnxruntime.GraphOptimizationLevel`` for the whole-model session (default: onnxruntime's).
+    """
+    half = _has_half_tensors(model)
+    label = NODE_BY_NODE if half else "onnxruntime CPU (whole model)"
+    try:
+        whole = _cpu_session(model if source is None else source, level).run(None, dict(feeds))
+        want = _node_by_node(model, feeds) if half and not _has_subgraphs(model) else whole
+    except Exception as exc:  # noqa: BLE001 - any onnxruntime failure is "it refused"
+        return None, None, label, exc
+    return want, whole, label, None
 
 
 def compare(got: np.ndarray, want: np.ndarray, *, rtol: float = 1e-4, atol: float = 1e-5,
@@ -224,10 +237,13 @@ def _has_half_tensors(model: onnx.ModelProto) -> bool:
     return any(v.type.tensor_type.elem_type in HALF_TYPES for v in inferred)
 
 
-def _cpu_session(model: onnx.ModelProto | str | bytes) -> ort.InferenceSession:
+def _cpu_session(model: onnx.ModelProto | str | bytes, level: Any = None
+                 ) -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     so.log_severity_level = 3
+    if level is not None:
+        so.graph_optimization_level = level
     data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
     return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
 

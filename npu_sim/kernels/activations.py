@@ -306,10 +306,21 @@ def activation_params(
     return ()
 
 
+def clip_range(dtype: np.dtype) -> tuple[float, float]:
+    """ONNX Clip's default bounds for ``dtype``: its lowest and highest finite values (so an
+    infinite input clamps to them, as onnxruntime does), or +-inf for an integer type."""
+    if np.dtype(dtype).kind not in "fV":
+        return -math.inf, math.inf
+    info = ml_dtypes.finfo(dtype)  # numpy's finfo for float16/32, ml_dtypes' for bfloat16
+    return float(info.min), float(info.max)
+
+
 def _clip_params(attrs: Mapping[str, Any], inputs: Sequence[np.ndarray | None]) -> tuple[
         float, float]:
     bounds = []
-    for index, key, default in ((1, "min", -math.inf), (2, "max", math.inf)):
+    x = inputs[0] if inputs else None
+    low, high = clip_range(x.dtype) if x is not None else (-math.inf, math.inf)
+    for index, key, default in ((1, "min", low), (2, "max", high)):
         value = inputs[index] if index < len(inputs) else None
         if value is not None:
             value = np.asarray(value)

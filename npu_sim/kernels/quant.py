@@ -77,11 +77,12 @@ def _axis(op: str, attrs: Mapping[str, Any]) -> int:
 
 
 def saturate(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Round half to even, clip to ``dtype``'s range and convert; NaN becomes ``dtype``'s
-    minimum, as in onnxruntime (numpy's cast of NaN to an integer is undefined)."""
+    """Round half to even, clip to ``dtype``'s range and convert; NaN becomes the range's
+    minimum, as onnxruntime's quantizer gives it (int8 -128, uint8 0)."""
     info = np.iinfo(dtype)
-    rounded = np.clip(np.rint(values), info.min, info.max)
-    return np.where(np.isnan(rounded), info.min, rounded).astype(dtype)
+    rounded = np.rint(values)
+    return np.clip(np.where(np.isnan(rounded), info.min, rounded), info.min,
+                   info.max).astype(dtype)
 
 
 @kernel("QuantizeLinear")

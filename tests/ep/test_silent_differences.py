@@ -206,3 +206,33 @@ def test_quantize_linear_of_nan_gives_the_types_minimum_like_onnxruntime(qtype, 
     x = np.array([np.nan, 1, -1, np.inf, -np.inf, 0, np.nan, 0.5, np.nan], np.float32)
     out = assert_matches_onnxruntime(model, {"x": x})
     assert out[0][0] == np.iinfo(zp_dtype).min and _assignment(model)[0] == NPU
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("bounds", [(), ("lo",), ("", "hi")])
+def test_clip_without_a_bound_clamps_infinity_to_the_types_range_like_onnxruntime(dtype,
+                                                                                   bounds):
+    # ONNX's default bounds are the type's lowest and highest values, not infinities
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    inits = [numpy_helper.from_array(np.array(v, dtype), n) for n, v in (("lo", -1), ("hi", 1))
+             if n in bounds]
+    node = helper.make_node("Clip", ["x", *bounds], ["y"], name="n")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", elem, [4])],
+                              [helper.make_tensor_value_info("y", elem, [4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    x = np.array([np.inf, -np.inf, np.nan, 2], dtype)
+    out = assert_matches_onnxruntime(model, {"x": x})
+    assert np.isfinite(out[0][:2]).all() and _assignment(model)[0] == NPU
+
+
+def test_clip_fused_into_a_conv_clamps_infinity_like_onnxruntime():
+    w = numpy_helper.from_array(np.ones((1, 1, 1, 1), np.float32), "w")
+    lo = numpy_helper.from_array(np.array(0.0, np.float32), "lo")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Clip", ["c", "lo"], ["y"], name="n")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 1, 2, 2])],
+                              [helper.make_tensor_value_info("y", F, [1, 1, 2, 2])], [w, lo])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    x = np.array([np.inf, 1.0, -np.inf, 2.0], np.float32).reshape(1, 1, 2, 2)
+    out = assert_matches_onnxruntime(model, {"x": x})
+    assert out[0][0, 0, 0, 0] == np.finfo(np.float32).max

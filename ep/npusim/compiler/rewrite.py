@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from npu_sim import dtypes
+from npu_sim.kernels.activations import clip_range
 from npu_sim.kernels.limits import check_elements
 
 from ..ops import Fusion, ops_where
@@ -245,10 +246,11 @@ def activation_params(graph: SubGraph, act: Node) -> tuple[float, ...] | None:
     if act.op == "Gelu":
         return (1.0 if a.get("approximate", "none") == "tanh" else 0.0,)
     if act.op == "Clip":
+        low, high = clip_range(dtypes.to_numpy(graph.types[act.inputs[0]][0]))
         if "min" in a or "max" in a:  # opset < 11: bounds are attributes
-            return (float(a.get("min", -np.inf)), float(a.get("max", np.inf)))
+            return (float(a.get("min", low)), float(a.get("max", high)))
         bounds = []
-        for k, default in ((1, -np.inf), (2, np.inf)):
+        for k, default in ((1, low), (2, high)):
             name = act.inputs[k] if len(act.inputs) > k else ""
             if not name:
                 bounds.append(default)
