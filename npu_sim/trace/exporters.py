@@ -113,7 +113,9 @@ class PerfettoExporter(Exporter):
         origin = trace.start
 
         def us(cycles: float) -> float:
-            return round(cfg.cycles_to_us(cycles - origin), 6)
+            # Whole nanoseconds: slices that touch in cycles touch exactly in the file, so
+            # rounding never makes neighbours on a lane overlap.
+            return round((cycles - origin) / cfg.clock_ghz) / 1000
 
         placed = self._place(trace.records)
         lanes = sorted({lane for _, lane in placed}, key=_lane_order)
@@ -135,7 +137,7 @@ class PerfettoExporter(Exporter):
             first_lane.setdefault(rid, tid)
             events.append({
                 "ph": "X", "pid": self.pid, "tid": tid, "name": rec.name, "cat": rec.kind,
-                "ts": us(rec.start), "dur": round(cfg.cycles_to_us(rec.cycles), 6),
+                "ts": us(rec.start), "dur": round(us(rec.end) - us(rec.start), 3),
                 "args": {"id": rid, "start_cycle": rec.start, "end_cycle": rec.end,
                          "cycles": rec.cycles, "ready_cycle": rec.ready, "scope": rec.scope,
                          **_summary(rec.work)},
@@ -145,13 +147,17 @@ class PerfettoExporter(Exporter):
             for d, why in rec.edges:
                 dep = by_id[d]
                 flow += 1
+                # Leave from the middle of the dependency's slice; arrive at the dependent's
+                # start, or for a completion (the dependent spans its dependency) at the
+                # dependency's middle, inside the dependent.
+                leave = (dep.start + dep.end) // 2
+                arrive = max(rec.start, leave) if why == "completion" else rec.start
                 events.append({"ph": "s", "pid": self.pid, "tid": first_lane[d], "id": flow,
-                               "name": why, "cat": "dep",
-                               "ts": us((dep.start + dep.end) / 2)})
+                               "name": why, "cat": "dep", "ts": us(leave)})
                 events.append({"ph": "f", "bp": "e", "pid": self.pid, "tid": first_lane[rec.id],
-                               "id": flow, "name": why, "cat": "dep", "ts": us(rec.start)})
+                               "id": flow, "name": why, "cat": "dep", "ts": us(arrive)})
         events.extend(self._counters(trace, us))
-        return {"traceEvents": events, "displayTimeUnit": "ns",
+        return {"traceEvents": events,
                 "metadata": {"npu-sim-trace": trace.model, "config": cfg.name,
                              "config_digest": cfg.digest, "clock_ghz": cfg.clock_ghz}}
 
