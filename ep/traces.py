@@ -76,6 +76,15 @@ def _session(model: onnx.ModelProto, config: DeviceConfig, options: SessionOptio
                                         {"device": path, "functional": "0"})])
 
 
+def compiler_split(config: DeviceConfig, op: str, in_specs: list, out_specs: list,
+                   attrs: dict) -> int:
+    """The compiler's core split of one launch under ``config``: the ``split`` rule for
+    :func:`npu_sim.trace.replay.replay` when the core count or the array changes."""
+    from .npusim.compiler.tiling import plan_launch
+
+    return plan_launch(config, op, in_specs, out_specs, attrs).cores
+
+
 def record(model: onnx.ModelProto, config: DeviceConfig, runs: int = 1) -> Trace:
     """The trace of ``runs`` timing-only runs of ``model`` on ``config``."""
     with tempfile.TemporaryDirectory() as folder:

@@ -36,11 +36,11 @@ __all__ = [
 
 
 def replay(trace: Trace | str | os.PathLike[str], config: DeviceConfig | None = None,
-           mode: str = "recorded") -> ReplayResult:
+           mode: str = "recorded", **options: Any) -> ReplayResult:
     """Replay ``trace`` under ``config`` (see :func:`npu_sim.trace.replay.replay`)."""
     from .replay import replay as _replay
 
-    return _replay(trace, config, mode)
+    return _replay(trace, config, mode, **options)
 
 
 def export(trace: Trace | str | os.PathLike[str], format: str, path: str | os.PathLike[str],

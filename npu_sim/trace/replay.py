@@ -15,16 +15,18 @@
 
 What replay cannot know is flagged in :attr:`ReplayResult.flags`: the compiler chose each
 launch's core split and core placement with the recording config's cost model, and tiled it to
-that config's SRAM. Under another core count the recorded split is kept (a launch that used
-every core uses every new core; a smaller split keeps its cores, clamped), which is what the
-compiler would do only if its cost ratios did not change.
+that config's SRAM. By default the recorded split is kept (a launch that used every core uses
+every new core; a smaller split keeps its cores, clamped). A caller that knows the compiler's
+rule passes it as ``split(config, op, in_specs, out_specs, attrs) -> cores`` (the EP's is
+:func:`ep.traces.compiler_split`): a launch whose split changes is then placed on the cores
+that free up first, by list scheduling as the compiler places launches.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,9 +78,15 @@ class ReplayResult:
                      {**source.meta, "replayed_from": source.config.digest, "mode": self.mode})
 
 
+SplitRule = Callable[[DeviceConfig, str, list, list, dict], int]
+"""``split(config, op, in_specs, out_specs, attrs)``: how many cores the compiler gives a
+launch under ``config``."""
+
+
 def replay(trace: Trace | str | os.PathLike[str], config: DeviceConfig | None = None,
-           mode: str = "recorded") -> ReplayResult:
-    """Replay ``trace`` (loaded or a path) under ``config`` (default: the recording's)."""
+           mode: str = "recorded", *, split: SplitRule | None = None) -> ReplayResult:
+    """Replay ``trace`` (loaded or a path) under ``config`` (default: the recording's);
+    ``split`` re-decides each launch's core count in elastic mode (see the module doc)."""
     trace = load(trace)
     if mode not in MODES:
         raise TraceError("replay", f"mode={mode!r}; expected one of {list(MODES)}")
@@ -90,7 +98,7 @@ def replay(trace: Trace | str | os.PathLike[str], config: DeviceConfig | None = 
         _check_timeline(trace)
         return ReplayResult(mode, trace.config, trace.makespan, busy_cycles(trace.records),
                             trace.records, (), _energy(trace.records))
-    return _Elastic(trace, config).run()
+    return _Elastic(trace, config, split).run()
 
 
 def busy_cycles(records: tuple[TraceRecord, ...] | list[TraceRecord]) -> dict[str, int]:
@@ -145,10 +153,11 @@ def _attr(value: Any) -> Any:
 class _Elastic:
     """One elastic replay: a simpy model of the device's engines, fed the trace's work."""
 
-    def __init__(self, trace: Trace, config: DeviceConfig) -> None:
+    def __init__(self, trace: Trace, config: DeviceConfig, split: SplitRule | None) -> None:
         from ..kernels.registry import lookup
 
-        self.trace, self.config, self.lookup = trace, config, lookup
+        self.trace, self.config, self.lookup, self.split = trace, config, lookup, split
+        self.free_at = [0] * config.cores  # when each core is next free, as placed so far
         self.env = simpy.Environment()
         self.cores = [simpy.Resource(self.env, 1) for _ in range(config.cores)]
         self.channels = simpy.Store(self.env, capacity=config.dma_channels)
@@ -193,7 +202,11 @@ class _Elastic:
     def _flag_compiler_choices(self) -> None:
         old, new = self.trace.config, self.config
         changed = [f for f in COMPILER_FIELDS if getattr(old, f) != getattr(new, f)]
-        if changed:
+        if changed and self.split is not None:
+            self.flags.append(
+                f"compiler-dependent: {', '.join(changed)} changed; core splits re-decided by "
+                "the given split rule and placed by list scheduling; SRAM tiling as recorded")
+        elif changed:
             self.flags.append(
                 f"compiler-dependent: {', '.join(changed)} changed; the compiler chose each "
                 "launch's core split, placement and tiling for the recorded config and might "
@@ -217,9 +230,15 @@ class _Elastic:
         self.out[rec.id] = dataclasses.replace(rec, start=start, end=end, submit=start,
                                                ready=start)
 
-    def _core_ids(self, rec: TraceRecord) -> list[int]:
+    def _core_ids(self, rec: TraceRecord, k: int | None) -> list[int]:
+        """The cores of a launch: as recorded (clamped), or ``k`` placed by list scheduling
+        when the split rule changed the recorded count."""
         recorded = [int(c) for c in rec.work.get("core_ids") or [0]]
         total = self.config.cores
+        if k is not None and (k != len(recorded) or total != self.trace.config.cores):
+            now = self.env.now
+            order = sorted(range(total), key=lambda c: (max(self.free_at[c], now), c))
+            return sorted(order[:k])
         if len(recorded) >= self.trace.config.cores:
             return list(range(total))
         k = min(len(recorded), total)
@@ -234,16 +253,20 @@ class _Elastic:
         yield from self._wait(deps, delay)
         ready = int(self.env.now)
         w = rec.work
-        ids = self._core_ids(rec)
+        op, node = str(w.get("op", rec.name)), str(w.get("node", rec.name))
+        attrs = {k: _attr(v) for k, v in (w.get("attrs") or {}).items()}
+        ins = [_spec(s) for s in w.get("inputs", [])]
+        outs = [_spec(s) for s in w.get("outputs", [])]
+        k = None if self.split is None else int(self.split(self.config, op, ins, outs, attrs))
+        ids = self._core_ids(rec, k)
+        cost = price(self.config, self.lookup(op, node), op, node, ins, outs, attrs, len(ids))
+        begin = max([self.env.now, *(self.free_at[c] for c in ids)])
+        for c in ids:
+            self.free_at[c] = begin + int(cost.total_cycles)
         requests = [self.cores[c].request() for c in ids]
         for req in requests:
             yield req
         start = int(self.env.now)
-        op, node = str(w.get("op", rec.name)), str(w.get("node", rec.name))
-        attrs = {k: _attr(v) for k, v in (w.get("attrs") or {}).items()}
-        cost = price(self.config, self.lookup(op, node), op, node,
-                     [_spec(s) for s in w.get("inputs", [])],
-                     [_spec(s) for s in w.get("outputs", [])], attrs, len(ids))
         yield self.env.timeout(int(cost.total_cycles))
         for c, req in zip(ids, requests, strict=True):
             self.cores[c].release(req)
