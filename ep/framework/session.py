@@ -218,7 +218,7 @@ class _TimedNode(CompiledNode):
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         started = time.perf_counter()
         outputs = self.inner.run(inputs)
-        self.profiler.partition_ran(self.name, self.provider, started)
+        self.profiler.partition_ran(self.name, self.provider, started, inputs, outputs)
         return outputs
 
 
@@ -250,11 +250,17 @@ class Profiler:
                             "dur": self._us(now) - self._us(started), "ts": self._us(started),
                             "ph": "X", "name": name, "args": dict(args or {})})
 
-    def partition_ran(self, name: str, provider: str, started: float) -> None:
-        """Record one partition's run."""
+    def partition_ran(self, name: str, provider: str, started: float,
+                      inputs: Sequence[np.ndarray] = (),
+                      outputs: Sequence[np.ndarray] = ()) -> None:
+        """Record one partition's run (its tensors' shapes as onnxruntime lists them)."""
         self._last[name] = (time.perf_counter() - started) * 1e6
-        self.event(f"{name}_kernel_time", "Node", started,
-                   {"op_name": name, "provider": provider})
+        if self.enabled:
+            self.event(f"{name}_kernel_time", "Node", started,
+                       {"op_name": name, "provider": provider,
+                        "input_type_shape": _type_shapes(inputs),
+                        "output_type_shape": _type_shapes(outputs),
+                        "node_index": str(len(self.events))})
 
     def last_partition_us(self) -> dict[str, float]:
         """Wall microseconds of each partition's latest run."""
@@ -286,6 +292,18 @@ class Profiler:
         self.events.clear()
         self.enabled = False
         return path
+
+
+_ORT_TYPE_NAMES = {"float32": "float", "float64": "double"}
+
+
+def _type_shapes(arrays: Sequence[Any]) -> list[dict[str, list[int]]]:
+    """``[{"float": [1, 3, 64, 64]}, ...]``: onnxruntime's profile form of tensor types."""
+    out = []
+    for a in arrays:
+        if isinstance(a, np.ndarray):
+            out.append({_ORT_TYPE_NAMES.get(a.dtype.name, a.dtype.name): list(a.shape)})
+    return out
 
 
 def _jsonable(value: Any) -> Any:

@@ -6,8 +6,9 @@ run finishes (:meth:`Recording.add_run`) and stitches them into one dependency g
 
 - ids are renumbered from 0 in recording order;
 - each run ends with a ``sync`` record on engine ``host`` (``run <name>``) that depends on the
-  run's last records (``completion``), and the first records of the next run depend on it
-  (``host``): the host submits a partition once the previous one finished;
+  run's last records (``completion``), and the records of the next run that wait for nothing
+  else in it depend on it (``host``): the host submits a partition once the previous one
+  finished;
 - an edge between two kernels (and their commands) is told apart by address: ``data`` when the
   later kernel reads memory the earlier one wrote, otherwise ``arena`` (the compiler ordered
   them because the arena reuses memory the earlier one used).
@@ -52,8 +53,9 @@ class Recording:
         for rec in records:
             edges = [(new_id[d], kinds.get((rec.id, d), why)) for d, why in rec.edges
                      if d in new_id]
-            if not edges and self._last_host is not None:
-                edges = [(self._last_host, "host")]
+            waits = [e for e in edges if e[1] != "completion"]
+            if not waits and self._last_host is not None:  # nothing before it in this run
+                edges.append((self._last_host, "host"))
             depended.update(d for d, _ in edges)
             edges.sort()
             self._records.append(dataclasses.replace(

@@ -187,7 +187,7 @@ def parse(lines_in: Iterable[bytes | str], name: str = "<trace>") -> Trace:
         seen.add(rec.id)
         records.append(rec)
     if len(records) != expected:
-        raise TraceError(f"{name}:{len(records) + 1}",
+        raise TraceError(f"{name}:{len(records) + 2}",  # the first line missing or extra
                          f"truncated: the header announces {expected} records, the file holds "
                          f"{len(records)}" if len(records) < expected else
                          f"the header announces {expected} records, the file holds "
