@@ -23,7 +23,7 @@ from npu_sim.config import PRESETS, DeviceConfig
 from npu_sim.errors import TraceError
 from npu_sim.trace import analysis, export, load, save
 from npu_sim.trace.exporters import EXPORTERS
-from npu_sim.trace.replay import MODES, replay
+from npu_sim.trace.retime import MODES, replay
 
 
 def _device(value: str) -> DeviceConfig:

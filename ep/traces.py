@@ -79,7 +79,7 @@ def _session(model: onnx.ModelProto, config: DeviceConfig, options: SessionOptio
 def compiler_split(config: DeviceConfig, op: str, in_specs: list, out_specs: list,
                    attrs: dict) -> int:
     """The compiler's core split of one launch under ``config``: the ``split`` rule for
-    :func:`npu_sim.trace.replay.replay` when the core count or the array changes."""
+    :func:`npu_sim.trace.retime.replay` when the core count or the array changes."""
     from .npusim.compiler.tiling import plan_launch
 
     return plan_launch(config, op, in_specs, out_specs, attrs).cores

@@ -7,7 +7,7 @@
   :func:`save`, :func:`load`;
 - :mod:`.exporters`: :func:`export` to Chrome/Perfetto JSON or an ONNX Runtime profile, behind a
   small :class:`~.exporters.Exporter` interface;
-- :mod:`.replay`: :func:`replay` in ``recorded`` or ``elastic`` mode under another config;
+- :mod:`.retime`: :func:`replay` in ``recorded`` or ``elastic`` mode under another config;
 - :mod:`.analysis`: :func:`~.analysis.report` and :func:`~.analysis.diff`;
 - :mod:`.sweep`: :func:`~.sweep.sweep`, one trace under a grid of configs on a process pool or
   Ray.
@@ -27,7 +27,7 @@ from .recorder import EDGE_KINDS, KINDS, TraceRecord, TraceRecorder, record_ids,
 
 if TYPE_CHECKING:
     from ..config import DeviceConfig
-    from .replay import ReplayResult
+    from .retime import ReplayResult
 
 __all__ = [
     "EDGE_KINDS", "KINDS", "SCHEMA_VERSION", "Recording", "Trace", "TraceRecord",
@@ -37,8 +37,8 @@ __all__ = [
 
 def replay(trace: Trace | str | os.PathLike[str], config: DeviceConfig | None = None,
            mode: str = "recorded", **options: Any) -> ReplayResult:
-    """Replay ``trace`` under ``config`` (see :func:`npu_sim.trace.replay.replay`)."""
-    from .replay import replay as _replay
+    """Replay ``trace`` under ``config`` (see :func:`npu_sim.trace.retime.replay`)."""
+    from .retime import replay as _replay
 
     return _replay(trace, config, mode, **options)
 

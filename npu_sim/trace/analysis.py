@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import ConfigError
 from .format import Trace
 from .recorder import TraceRecord
-from .replay import busy_cycles
+from .retime import busy_cycles
 
 
 def _union(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:

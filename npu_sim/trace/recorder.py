@@ -12,7 +12,7 @@ A trace is a dependency graph, not just a timeline. Each :class:`TraceRecord` ca
   shapes and dtypes, the op and its attributes.
 
 The last two are what make a trace replayable under another :class:`~npu_sim.DeviceConfig`
-(:mod:`npu_sim.trace.replay`). Engines that produce simpy events tag them with the id of their
+(:mod:`npu_sim.trace.retime`). Engines that produce simpy events tag them with the id of their
 last record (:func:`tag`), so whoever waits on an event can name it as a dependency
 (:func:`record_ids`). Records are plain data: they can be copied, shifted in time
 (:meth:`TraceRecord.shifted`) and appended again.

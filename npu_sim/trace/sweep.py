@@ -108,7 +108,7 @@ def _rows(configs: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
 
 def row(trace: Trace, config: DeviceConfig, mode: str = "elastic") -> dict[str, Any]:
     """One table row: ``trace`` replayed under ``config``."""
-    from .replay import replay
+    from .retime import replay
 
     result = replay(trace, config, mode)
     util = result.utilization

@@ -118,3 +118,11 @@ def test_bad_arguments_are_typed(cnn_trace):
         replay(cnn_trace, mode="fast")
     with pytest.raises(TraceError, match="expected a DeviceConfig"):
         replay(cnn_trace, "npu-m", mode="elastic")
+
+
+def test_replay_and_export_stay_functions_after_their_modules_load():
+    import npu_sim.trace
+    import npu_sim.trace.exporters  # noqa: F401
+    import npu_sim.trace.retime  # noqa: F401
+
+    assert callable(npu_sim.trace.replay) and callable(npu_sim.trace.export)
