@@ -34,47 +34,55 @@ class Recording:
         self.model = model
         self.sdk_version = sdk_version
         self.meta = dict(meta or {})
-        self._records: list[TraceRecord] = []
-        self._last_host: int | None = None
+        self._runs: list[tuple[str, tuple[TraceRecord, ...], int, int]] = []
 
     def __len__(self) -> int:
-        return len(self._records)
+        """Runs recorded."""
+        return len(self._runs)
 
     def add_run(self, name: str, records: Iterable[TraceRecord], start: int, end: int) -> None:
-        """Append one run's records (in id order) and the host record closing it.
-
-        Dependencies on records outside ``records`` (recorded before the run) are dropped.
-        """
-        base = len(self._records)
-        records = list(records)
-        new_id = {r.id: base + i for i, r in enumerate(records)}
-        kinds = _classify_kernel_edges(records)
-        depended: set[int] = set()
-        for rec in records:
-            edges = [(new_id[d], kinds.get((rec.id, d), why)) for d, why in rec.edges
-                     if d in new_id]
-            waits = [e for e in edges if e[1] != "completion"]
-            if not waits and self._last_host is not None:  # nothing before it in this run
-                edges.append((self._last_host, "host"))
-            depended.update(d for d, _ in edges)
-            edges.sort()
-            self._records.append(dataclasses.replace(
-                rec, id=new_id[rec.id], deps=tuple(d for d, _ in edges),
-                why=() if all(w == "data" for _, w in edges) else tuple(w for _, w in edges)))
-        sinks = [base + i for i in range(len(records)) if base + i not in depended]
-        host = [(self._last_host, "host")] if self._last_host is not None else []
-        edges = sorted(host + [(s, "completion") for s in sinks])
-        hid = len(self._records)
-        self._records.append(TraceRecord(
-            hid, "sync", "host", "host", f"run {name}", int(start), int(end),
-            tuple(d for d, _ in edges), {"run": name}, tuple(w for _, w in edges),
-            int(start), int(start)))
-        self._last_host = hid
+        """Keep one run's records (in id order); stitching waits for :meth:`trace`, so a run
+        costs the session no more than a copy of its record list."""
+        self._runs.append((name, tuple(records), int(start), int(end)))
 
     def trace(self) -> Trace:
-        """Everything recorded so far as a :class:`Trace`."""
-        return Trace(self.config, tuple(self._records), self.model, self.sdk_version,
-                     dict(self.meta))
+        """Everything recorded so far as one :class:`Trace` (see the module doc).
+
+        Dependencies on records outside a run's own (recorded before it) are dropped.
+        """
+        out: list[TraceRecord] = []
+        last_host: int | None = None
+        for name, records, start, end in self._runs:
+            last_host = _stitch(out, name, records, start, end, last_host)
+        return Trace(self.config, tuple(out), self.model, self.sdk_version, dict(self.meta))
+
+
+def _stitch(out: list[TraceRecord], name: str, records: tuple[TraceRecord, ...], start: int,
+            end: int, last_host: int | None) -> int:
+    """Append one run to ``out`` renumbered, with its host record; returns that record's id."""
+    base = len(out)
+    new_id = {r.id: base + i for i, r in enumerate(records)}
+    kinds = _classify_kernel_edges(list(records))
+    depended: set[int] = set()
+    for rec in records:
+        edges = [(new_id[d], kinds.get((rec.id, d), why)) for d, why in rec.edges
+                 if d in new_id]
+        waits = [e for e in edges if e[1] != "completion"]
+        if not waits and last_host is not None:  # nothing before it in this run
+            edges.append((last_host, "host"))
+        depended.update(d for d, _ in edges)
+        edges.sort()
+        out.append(dataclasses.replace(
+            rec, id=new_id[rec.id], deps=tuple(d for d, _ in edges),
+            why=() if all(w == "data" for _, w in edges) else tuple(w for _, w in edges)))
+    sinks = [base + i for i in range(len(records)) if base + i not in depended]
+    host = [(last_host, "host")] if last_host is not None else []
+    edges = sorted(host + [(s, "completion") for s in sinks])
+    hid = len(out)
+    out.append(TraceRecord(
+        hid, "sync", "host", "host", f"run {name}", start, end,
+        tuple(d for d, _ in edges), {"run": name}, tuple(w for _, w in edges), start, start))
+    return hid
 
 
 def _overlaps(a: list, b: list) -> bool:

@@ -121,23 +121,25 @@ class TraceRecorder:
             raise ValueError(f"trace record kind {kind!r} is invalid; expected one of {KINDS}")
         if not 0 <= start <= end:
             raise ValueError(f"trace record {name!r}: start={start}, end={end}; need 0<=start<=end")
-        edges: dict[int, str] = {}
-        tags = list(why) if why is not None else None
-        for i, d in enumerate(deps):
-            reason = tags[i] if tags is not None else "data"
-            edges.setdefault(int(d), reason)  # the first reason given for an edge wins
         rid = self._next_id
-        dep_ids = tuple(sorted(edges))
+        if why is None:  # the common case: every edge is data
+            dep_ids = tuple(sorted({int(d) for d in deps}))
+            reasons: tuple[str, ...] = ()
+        else:
+            edges: dict[int, str] = {}
+            for d, reason in zip(deps, why, strict=True):
+                edges.setdefault(int(d), reason)  # the first reason given for an edge wins
+            dep_ids = tuple(sorted(edges))
+            reasons = tuple(edges[d] for d in dep_ids)
+            if any(r not in EDGE_KINDS for r in reasons):
+                raise ValueError(f"trace record {name!r}: edge kinds {reasons}; expected each "
+                                 f"one of {EDGE_KINDS}")
+            if all(r == "data" for r in reasons):
+                reasons = ()
         if dep_ids and not 0 <= dep_ids[0] <= dep_ids[-1] < rid:
             raise ValueError(f"trace record {name!r}: deps {dep_ids} must be ids in [0, {rid})")
-        reasons = tuple(edges[d] for d in dep_ids)
-        if any(r not in EDGE_KINDS for r in reasons):
-            raise ValueError(f"trace record {name!r}: edge kinds {reasons}; expected each one "
-                             f"of {EDGE_KINDS}")
         rec = TraceRecord(rid, kind, engine, scope, name, int(start), int(end), dep_ids,
-                          dict(work or {}),
-                          () if all(r == "data" for r in reasons) else reasons,
-                          int(submit), int(ready))
+                          dict(work or {}), reasons, int(submit), int(ready))
         self._records.append(rec)
         self._next_id += 1
         return rid
