@@ -125,7 +125,7 @@ def sweep_speed(configs: int, workers: int) -> None:
     grid = [base.replace(hbm_gbps=100.0 + 10 * (i % 100), host_link_gbps=8.0 + 4 * (i // 100 % 10),
                          dma_channels=1 + i % 8) for i in range(configs)]
     start = time.perf_counter()
-    rows = sweep(trace, grid, workers=workers)
+    rows = sweep(trace, grid, workers=workers, split=compiler_split)
     wall = time.perf_counter() - start
     print(f"sweep of {len(rows)} configs of a {len(trace.records)}-record light_resnet50 trace on "
           f"{workers} workers: {wall:.1f} s (target < 60 s for 1,000 on 2 cores)")

@@ -6,7 +6,10 @@ trace prints the :class:`~npu_sim.errors.TraceError` (naming the line and what i
 exits with status 1. ``--json`` prints the machine-readable form instead of text.
 
 - ``npu-sim export TRACE --format perfetto|ort -o FILE``
-- ``npu-sim replay TRACE [--device PRESET_OR_FILE] [--mode elastic|recorded] [-o OUT.trace.jsonl]``
+- ``npu-sim replay TRACE [--device PRESET_OR_FILE] [--mode elastic|recorded] [-o OUT]``
+
+Elastic replays and sweeps here re-decide each launch's core split with the compiler's rule
+(:func:`ep.traces.compiler_split`), as a re-compilation for the new device would.
 - ``npu-sim report TRACE [--top N] [--plot DIR]``
 - ``npu-sim diff A B``
 - ``npu-sim sweep TRACE --grid FILE [-o STEM] [--workers N] [--ray [ADDRESS]]``
@@ -19,6 +22,7 @@ import json
 from pathlib import Path
 from typing import Any, TextIO
 
+from ep.traces import compiler_split
 from npu_sim.config import PRESETS, DeviceConfig
 from npu_sim.errors import TraceError
 from npu_sim.trace import analysis, export, load, save
@@ -80,7 +84,7 @@ def add_replay(commands: argparse._SubParsersAction) -> None:
 def _replay(args: argparse.Namespace, out: TextIO) -> int:
     trace = load(args.trace)
     config = _device(args.device) if args.device else trace.config
-    result = replay(trace, config, args.mode)
+    result = replay(trace, config, args.mode, split=compiler_split)
     summary = {"mode": result.mode, "config": config.name, "makespan_cycles": result.makespan,
                "makespan_us": result.microseconds, "recorded_cycles": trace.makespan,
                "recorded_us": trace.config.cycles_to_us(trace.makespan),
@@ -178,7 +182,8 @@ def _sweep(args: argparse.Namespace, out: TextIO) -> int:
 
     trace = load(args.trace)
     configs, mode = read_grid(args.grid, trace.config)
-    rows = sweep(trace, configs, mode, workers=args.workers, ray=args.ray)
+    rows = sweep(trace, configs, mode, workers=args.workers, ray=args.ray,
+                 split=compiler_split)
     csv_path, json_path = write_table(rows, args.output)
     if args.json:
         _print_json(rows, out)

@@ -106,6 +106,7 @@ def write_atomic(path: str | os.PathLike[str], chunks: Iterable[bytes]) -> Path:
     fd, temp = tempfile.mkstemp(dir=target.parent or ".", prefix=f".{target.name}.",
                                 suffix=".tmp")
     try:
+        os.chmod(temp, 0o644)  # mkstemp makes it private; a trace is an ordinary file
         with os.fdopen(fd, "wb") as f:
             for chunk in chunks:
                 f.write(chunk)

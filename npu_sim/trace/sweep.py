@@ -32,6 +32,7 @@ from typing import Any
 from ..config import DeviceConfig
 from ..errors import ConfigError, TraceError
 from .format import Trace, load, write_atomic
+from .retime import SplitRule
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -96,21 +97,25 @@ def grid_configs(data: Any, base: DeviceConfig, where: str = "grid") -> tuple[
 _TRACE: Trace | None = None
 
 
-def _init_worker(trace: Trace) -> None:
-    global _TRACE
-    _TRACE = trace
+_SPLIT: SplitRule | None = None
+
+
+def _init_worker(trace: Trace, split: SplitRule | None = None) -> None:
+    global _TRACE, _SPLIT
+    _TRACE, _SPLIT = trace, split
 
 
 def _rows(configs: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
     assert _TRACE is not None
-    return [row(_TRACE, DeviceConfig(**c), mode) for c in configs]
+    return [row(_TRACE, DeviceConfig(**c), mode, _SPLIT) for c in configs]
 
 
-def row(trace: Trace, config: DeviceConfig, mode: str = "elastic") -> dict[str, Any]:
+def row(trace: Trace, config: DeviceConfig, mode: str = "elastic",
+        split: SplitRule | None = None) -> dict[str, Any]:
     """One table row: ``trace`` replayed under ``config``."""
     from .retime import replay
 
-    result = replay(trace, config, mode)
+    result = replay(trace, config, mode, split=split)
     util = result.utilization
     cores = [u for e, u in util.items() if e.startswith("core")]
     dmas = [u for e, u in util.items() if e.startswith("dma")]
@@ -128,8 +133,10 @@ def row(trace: Trace, config: DeviceConfig, mode: str = "elastic") -> dict[str, 
 
 def sweep(trace: Trace | str | os.PathLike[str], configs: Sequence[DeviceConfig],
           mode: str = "elastic", *, workers: int | None = None, ray: str | bool | None = None,
-          chunk: int = 25) -> list[dict[str, Any]]:
-    """Replay ``trace`` under every config; one row per config, in order.
+          chunk: int = 25, split: SplitRule | None = None) -> list[dict[str, Any]]:
+    """Replay ``trace`` under every config; one row per config, in order. ``split`` is the
+    core-split rule of :func:`~npu_sim.trace.retime.replay` (a module-level function, so
+    workers can receive it).
 
     ``workers``: local processes (default: the CPU count; 1 runs in this process). ``ray``:
     run on Ray instead (True: a local instance or the one ``RAY_ADDRESS`` names; a string: that
@@ -140,13 +147,13 @@ def sweep(trace: Trace | str | os.PathLike[str], configs: Sequence[DeviceConfig]
     plain = [c.to_dict() for c in configs]
     batches = [plain[i:i + chunk] for i in range(0, len(plain), chunk)]
     if ray:
-        results = _on_ray(trace, batches, mode, None if ray is True else str(ray))
+        results = _on_ray(trace, batches, mode, None if ray is True else str(ray), split)
     elif (workers or os.cpu_count() or 1) <= 1 or len(batches) == 1:
-        _init_worker(trace)
+        _init_worker(trace, split)
         results = [_rows(b, mode) for b in batches]
     else:
         with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
-                                 initargs=(trace,)) as pool:
+                                 initargs=(trace, split)) as pool:
             results = list(pool.map(_rows, batches, itertools.repeat(mode)))
     rows = [r for batch in results for r in batch]
     return [{**{k: c.to_dict()[k] for k in varying}, **r}
@@ -158,7 +165,8 @@ def _varying(configs: Sequence[DeviceConfig]) -> list[str]:
     return [k for k in dicts[0] if len({repr(d[k]) for d in dicts}) > 1] if dicts else []
 
 
-def _on_ray(trace: Trace, batches: list, mode: str, address: str | None) -> list:
+def _on_ray(trace: Trace, batches: list, mode: str, address: str | None,
+            split: SplitRule | None) -> list:
     try:
         import ray
     except ImportError:
@@ -169,14 +177,15 @@ def _on_ray(trace: Trace, batches: list, mode: str, address: str | None) -> list
     try:
         ref = ray.put(trace)
         task = ray.remote(_ray_batch)
-        return ray.get([task.remote(ref, b, mode) for b in batches])
+        return ray.get([task.remote(ref, b, mode, split) for b in batches])
     finally:
         if started:
             ray.shutdown()
 
 
-def _ray_batch(trace: Trace, batch: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
-    _init_worker(trace)
+def _ray_batch(trace: Trace, batch: list[dict[str, Any]], mode: str,
+               split: SplitRule | None) -> list[dict[str, Any]]:
+    _init_worker(trace, split)
     return _rows(batch, mode)
 
 

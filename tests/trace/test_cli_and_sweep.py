@@ -8,6 +8,7 @@ import json
 import pytest
 
 from ep.cli import main
+from ep.traces import compiler_split
 from npu_sim.errors import TraceError
 from npu_sim.trace import analysis, replay, save
 from npu_sim.trace.sweep import grid_configs, sweep
@@ -84,7 +85,8 @@ def test_sweep_rows_match_single_replays(saved, cnn_trace, tmp_path, capsys):
     for r in rows:
         cfg = cnn_trace.config.replace(hbm_gbps=float(r["hbm_gbps"]),
                                        dma_channels=int(r["dma_channels"]))
-        assert int(r["makespan"]) == replay(cnn_trace, cfg, "elastic").makespan
+        assert int(r["makespan"]) == replay(cnn_trace, cfg, "elastic",
+                                            split=compiler_split).makespan
 
 
 def test_grid_errors_are_typed(cnn_trace):
