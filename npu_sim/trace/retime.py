@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -150,6 +151,29 @@ def _attr(value: Any) -> Any:
     return tuple(_attr(v) for v in value) if isinstance(value, list) else value
 
 
+_LAUNCHES: dict[int, dict[int, tuple]] = {}
+
+
+def _launch(trace: Trace, rec: TraceRecord) -> tuple:
+    """``(op, node, in_specs, out_specs, attrs, key)`` of a kernel record, parsed once per
+    trace (a sweep replays one trace many times); ``key`` is equal for launches that price
+    the same (same op, operands and attributes), whatever their node."""
+    per_trace = _LAUNCHES.get(id(trace))
+    if per_trace is None:
+        per_trace = _LAUNCHES[id(trace)] = {}
+        weakref.finalize(trace, _LAUNCHES.pop, id(trace), None)
+    launch = per_trace.get(rec.id)
+    if launch is None:
+        w = rec.work
+        op, node = str(w.get("op", rec.name)), str(w.get("node", rec.name))
+        attrs = {k: _attr(v) for k, v in (w.get("attrs") or {}).items()}
+        ins = tuple(_spec(s) for s in w.get("inputs", []))
+        outs = tuple(_spec(s) for s in w.get("outputs", []))
+        key = (op, ins, outs, repr(sorted(attrs.items())))
+        launch = per_trace[rec.id] = (op, node, list(ins), list(outs), attrs, key)
+    return launch
+
+
 class _Elastic:
     """One elastic replay: a simpy model of the device's engines, fed the trace's work."""
 
@@ -158,6 +182,8 @@ class _Elastic:
 
         self.trace, self.config, self.lookup, self.split = trace, config, lookup, split
         self.free_at = [0] * config.cores  # when each core is next free, as placed so far
+        self.splits: dict[Any, int] = {}  # per distinct launch: its core split, its cost
+        self.costs: dict[Any, Any] = {}
         self.env = simpy.Environment()
         self.cores = [simpy.Resource(self.env, 1) for _ in range(config.cores)]
         self.channels = simpy.Store(self.env, capacity=config.dma_channels)
@@ -253,13 +279,18 @@ class _Elastic:
         yield from self._wait(deps, delay)
         ready = int(self.env.now)
         w = rec.work
-        op, node = str(w.get("op", rec.name)), str(w.get("node", rec.name))
-        attrs = {k: _attr(v) for k, v in (w.get("attrs") or {}).items()}
-        ins = [_spec(s) for s in w.get("inputs", [])]
-        outs = [_spec(s) for s in w.get("outputs", [])]
-        k = None if self.split is None else int(self.split(self.config, op, ins, outs, attrs))
+        launch = _launch(self.trace, rec)
+        op, node, ins, outs, attrs, key = launch
+        k = None
+        if self.split is not None:
+            k = self.splits.get(key)
+            if k is None:
+                k = self.splits[key] = int(self.split(self.config, op, ins, outs, attrs))
         ids = self._core_ids(rec, k)
-        cost = price(self.config, self.lookup(op, node), op, node, ins, outs, attrs, len(ids))
+        cost = self.costs.get((key, len(ids)))
+        if cost is None:
+            cost = self.costs[(key, len(ids))] = price(
+                self.config, self.lookup(op, node), op, node, ins, outs, attrs, len(ids))
         begin = max([self.env.now, *(self.free_at[c] for c in ids)])
         for c in ids:
             self.free_at[c] = begin + int(cost.total_cycles)

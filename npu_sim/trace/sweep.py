@@ -19,6 +19,7 @@ flags. :func:`write_table` writes the rows as CSV and JSON. Workers load the tra
 from __future__ import annotations
 
 import csv
+import gc
 import io
 import itertools
 import json
@@ -105,6 +106,13 @@ def _init_worker(trace: Trace, split: SplitRule | None = None) -> None:
     _TRACE, _SPLIT = trace, split
 
 
+def _pool_init(trace: Trace, split: SplitRule | None) -> None:
+    """A pool worker's setup: the trace, frozen out of the garbage collector's sight (it lives
+    as long as the worker, and replay allocates many short-lived objects)."""
+    _init_worker(trace, split)
+    gc.freeze()
+
+
 def _rows(configs: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
     assert _TRACE is not None
     return [row(_TRACE, DeviceConfig(**c), mode, _SPLIT) for c in configs]
@@ -152,7 +160,7 @@ def sweep(trace: Trace | str | os.PathLike[str], configs: Sequence[DeviceConfig]
         _init_worker(trace, split)
         results = [_rows(b, mode) for b in batches]
     else:
-        with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
+        with ProcessPoolExecutor(max_workers=workers, initializer=_pool_init,
                                  initargs=(trace, split)) as pool:
             results = list(pool.map(_rows, batches, itertools.repeat(mode)))
     rows = [r for batch in results for r in batch]
