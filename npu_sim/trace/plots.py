@@ -44,9 +44,9 @@ def plot_all(trace: Trace, folder: str | os.PathLike[str]) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6, 5))
     rows = [o for o in operators(trace) if o["macs"] and o["hbm_bytes"]]
     if rows:
-        ridge = rows[0]["ridge"]
         peak = max(o["peak_ops_per_cycle"] for o in rows)
         bw = trace.config.hbm_bytes_per_cycle
+        ridge = peak / bw
         xs = [ridge / 100, ridge, ridge * 100]
         ax.plot(xs, [min(peak, x * bw) for x in xs], color="black")
         ax.scatter([o["intensity"] for o in rows], [o["ops_per_cycle"] for o in rows])
