@@ -24,7 +24,6 @@ that free up first, by list scheduling as the compiler places launches.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import weakref
 from collections.abc import Callable, Mapping
@@ -151,6 +150,15 @@ def _attr(value: Any) -> Any:
     return tuple(_attr(v) for v in value) if isinstance(value, list) else value
 
 
+def _moved(rec: TraceRecord, **changes: Any) -> TraceRecord:
+    """``dataclasses.replace`` for the fields replay changes, at a fraction of its cost."""
+    get = changes.get
+    return TraceRecord(get("id", rec.id), rec.kind, get("engine", rec.engine),
+                       get("scope", rec.scope), get("name", rec.name), changes["start"],
+                       changes["end"], rec.deps, get("work", rec.work), rec.why,
+                       changes["submit"], changes["ready"])
+
+
 _LAUNCHES: dict[int, dict[int, tuple]] = {}
 
 
@@ -184,6 +192,7 @@ class _Elastic:
         self.free_at = [0] * config.cores  # when each core is next free, as placed so far
         self.splits: dict[Any, int] = {}  # per distinct launch: its core split, its cost
         self.costs: dict[Any, Any] = {}
+        self.joined: list[tuple[TraceRecord, int, int]] = []
         self.env = simpy.Environment()
         self.cores = [simpy.Resource(self.env, 1) for _ in range(config.cores)]
         self.channels = simpy.Store(self.env, capacity=config.dma_channels)
@@ -212,12 +221,13 @@ class _Elastic:
                 self.done[rec.id] = self.env.process(
                     self._kernel(rec, [e for e, _ in edges], delay))
             else:
-                self.done[rec.id] = self.env.process(self._join(rec, edges, delay))
+                self.done[rec.id] = self._join(rec, edges, delay)
         try:
             self.env.run()
         except NpuSimError as exc:
             raise TraceError("replay", f"cannot re-price the trace under {self.config.name!r}: "
                                        f"{exc}") from None
+        self._join_starts()
         records = sorted([*self.out.values(), *self.extra], key=lambda r: r.id)
         makespan = max((r.end for r in records), default=0) - min(
             (r.start for r in records), default=0)
@@ -244,17 +254,30 @@ class _Elastic:
         if deps:
             yield simpy.AllOf(self.env, deps)
 
-    def _join(self, rec: TraceRecord, edges, delay):
-        """A command or host step: it starts once what it waited for is done and ends when
-        the work it completes with (its ``completion`` edges) is done."""
-        yield from self._wait([e for e, why in edges if why != "completion"], delay)
-        start = int(self.env.now)
-        rest = [e for e, why in edges if why == "completion"]
-        if rest:
-            yield simpy.AllOf(self.env, rest)
-        end = int(self.env.now)
-        self.out[rec.id] = dataclasses.replace(rec, start=start, end=end, submit=start,
-                                               ready=start)
+    def _join(self, rec: TraceRecord, edges, delay) -> simpy.Event:
+        """A command or host step: done when everything it waited for is. It started once
+        its dependencies other than ``completion`` (the work it completes with) were done;
+        that start is filled in after the run (:meth:`_join_starts`)."""
+        events = [e for e, _ in edges]
+        if delay:
+            events.append(self.env.timeout(delay))
+        # A plain event stands for the join: dependents waiting on a Condition would make simpy
+        # rebuild the nested conditions' values at every level.
+        done = self.env.event()
+
+        def finish(_: simpy.Event) -> None:
+            self.joined.append((rec, int(self.env.now), delay))
+            done.succeed()
+
+        simpy.AllOf(self.env, events).callbacks.append(finish)
+        return done
+
+    def _join_starts(self) -> None:
+        for rec, end, delay in self.joined:
+            start = max([delay, *(self.out[d].end for d, why in rec.edges
+                                  if why not in NOT_REPLAYED and why != "completion"
+                                  and d in self.out)])
+            self.out[rec.id] = _moved(rec, start=start, end=end, submit=start, ready=start)
 
     def _core_ids(self, rec: TraceRecord, k: int | None) -> list[int]:
         """The cores of a launch: as recorded (clamped), or ``k`` placed by list scheduling
@@ -309,7 +332,7 @@ class _Elastic:
             work["energy"] = dict(energy)
         else:
             work.pop("energy", None)
-        self.out[rec.id] = dataclasses.replace(rec, engine=f"core{ids[0]}",
+        self.out[rec.id] = _moved(rec, engine=f"core{ids[0]}",
                                                scope=f"npu.core{ids[0]}", start=start,
                                                end=int(self.env.now), work=work,
                                                submit=submit, ready=ready)
@@ -348,7 +371,7 @@ class _Elastic:
         base = first.name.split("[", 1)[0]
         work = {**first.work, "bytes": n, "offset": off, "chunk": index, "chunks": count,
                 "link": link}
-        rec = dataclasses.replace(first, id=rid, engine=f"dma{ch}",
+        rec = _moved(first, id=rid, engine=f"dma{ch}",
                                   scope=f"{first.scope.rstrip('0123456789')}{ch}",
                                   name=base if count == 1 else f"{base}[{index}/{count}]",
                                   start=start, end=int(env.now), work=work, submit=submit,
