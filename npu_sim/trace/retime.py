@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,27 +159,36 @@ def _moved(rec: TraceRecord, **changes: Any) -> TraceRecord:
                        changes["submit"], changes["ready"])
 
 
-_LAUNCHES: dict[int, dict[int, tuple]] = {}
+_PREPARED: dict[int, dict[str, Any]] = {}
 
 
-def _launch(trace: Trace, rec: TraceRecord) -> tuple:
-    """``(op, node, in_specs, out_specs, attrs, key)`` of a kernel record, parsed once per
-    trace (a sweep replays one trace many times); ``key`` is equal for launches that price
-    the same (same op, operands and attributes), whatever their node."""
-    per_trace = _LAUNCHES.get(id(trace))
-    if per_trace is None:
-        per_trace = _LAUNCHES[id(trace)] = {}
-        weakref.finalize(trace, _LAUNCHES.pop, id(trace), None)
-    launch = per_trace.get(rec.id)
-    if launch is None:
+def _prepare(trace: Trace) -> dict[str, Any]:
+    """What every replay of ``trace`` needs, worked out once per trace (a sweep replays one
+    trace many times): ``groups`` (the chunks of each DMA transfer), ``edges`` (each record's
+    replayed dependencies) and ``launches`` (each kernel's ``(op, node, in_specs, out_specs,
+    attrs, key)``, where ``key`` is one small int per distinct op, operands and attributes)."""
+    prepared = _PREPARED.get(id(trace))
+    if prepared is not None:
+        return prepared
+    keys: dict[tuple, int] = {}
+    launches: dict[int, tuple] = {}
+    for rec in trace.records:
+        if rec.kind != "kernel":
+            continue
         w = rec.work
         op, node = str(w.get("op", rec.name)), str(w.get("node", rec.name))
         attrs = {k: _attr(v) for k, v in (w.get("attrs") or {}).items()}
-        ins = tuple(_spec(s) for s in w.get("inputs", []))
-        outs = tuple(_spec(s) for s in w.get("outputs", []))
-        key = (op, ins, outs, repr(sorted(attrs.items())))
-        launch = per_trace[rec.id] = (op, node, list(ins), list(outs), attrs, key)
-    return launch
+        ins = [_spec(s) for s in w.get("inputs", [])]
+        outs = [_spec(s) for s in w.get("outputs", [])]
+        key = keys.setdefault((op, tuple(ins), tuple(outs), repr(sorted(attrs.items()))),
+                              len(keys))
+        launches[rec.id] = (op, node, ins, outs, attrs, key)
+    prepared = _PREPARED[id(trace)] = {
+        "groups": _transfers(trace.records), "launches": launches,
+        "edges": {r.id: [(d, why) for d, why in r.edges if why not in NOT_REPLAYED]
+                  for r in trace.records}}
+    weakref.finalize(trace, _PREPARED.pop, id(trace), None)
+    return prepared
 
 
 class _Elastic:
@@ -206,9 +215,11 @@ class _Elastic:
 
     def run(self) -> ReplayResult:
         origin = self.trace.start
-        groups = _transfers(self.trace.records)
+        prepared = _prepare(self.trace)
+        groups = prepared["groups"]
+        replayed = prepared["edges"]
         for rec in self.trace.records:
-            edges = [(self.done[d], why) for d, why in rec.edges if why not in NOT_REPLAYED]
+            edges = [(self.done[d], why) for d, why in replayed[rec.id]]
             recorded_ready = rec.ready if rec.ready >= 0 else rec.start
             delay = 0 if rec.deps else max(recorded_ready - origin, 0)
             if rec.kind == "dma":
@@ -276,7 +287,7 @@ class _Elastic:
         for rec, end, delay in self.joined:
             start = max([delay, *(self.out[d].end for d, why in rec.edges
                                   if why not in NOT_REPLAYED and why != "completion"
-                                  and d in self.out)])
+                                  and d in self.out)]) if rec.deps else delay
             self.out[rec.id] = _moved(rec, start=start, end=end, submit=start, ready=start)
 
     def _core_ids(self, rec: TraceRecord, k: int | None) -> list[int]:
@@ -302,7 +313,7 @@ class _Elastic:
         yield from self._wait(deps, delay)
         ready = int(self.env.now)
         w = rec.work
-        launch = _launch(self.trace, rec)
+        launch = _prepare(self.trace)["launches"][rec.id]
         op, node, ins, outs, attrs, key = launch
         k = None
         if self.split is not None:
@@ -397,8 +408,3 @@ def _transfers(records: tuple[TraceRecord, ...]) -> dict[int, list[TraceRecord]]
             out[m.id] = members
     return out
 
-
-def replay_many(trace: Trace, configs: Mapping[str, DeviceConfig],
-                mode: str = "elastic") -> dict[str, ReplayResult]:
-    """:func:`replay` of one trace under each named config."""
-    return {name: replay(trace, cfg, mode) for name, cfg in configs.items()}
