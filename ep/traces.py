@@ -10,6 +10,7 @@ models the repository keeps traces of; regenerate ``traces/`` with::
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -67,8 +68,6 @@ SAMPLES: dict[str, Callable[[], onnx.ModelProto]] = {
 def _session(model: onnx.ModelProto, config: DeviceConfig, options: SessionOptions | None,
              folder: str) -> InferenceSession:
     path = os.path.join(folder, "device.json")
-    import json
-
     with open(path, "w", encoding="utf-8") as f:
         json.dump(config.to_dict(), f)
     return InferenceSession(model.SerializeToString(), options,

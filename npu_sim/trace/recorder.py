@@ -93,7 +93,7 @@ class TraceRecorder:
 
     Ids increase from 0 and are never reused, even across :meth:`clear`, so an event tagged
     before a clear can never be mistaken for a later record. A session that profiles takes
-    each run's records with :meth:`since` before the next run clears them.
+    each run's :attr:`records` before the next run clears them.
     """
 
     def __init__(self) -> None:
@@ -148,15 +148,6 @@ class TraceRecorder:
     def records(self) -> tuple[TraceRecord, ...]:
         """All records, in id order."""
         return tuple(self._records)
-
-    @property
-    def next_id(self) -> int:
-        """The id the next record will get."""
-        return self._next_id
-
-    def since(self, first_id: int) -> list[TraceRecord]:
-        """The records with id ``>= first_id`` still held, in id order."""
-        return [r for r in self._records if r.id >= first_id]
 
     def clear(self) -> None:
         """Forget every record (ids keep counting up)."""

@@ -398,7 +398,9 @@ def _transfers(records: tuple[TraceRecord, ...]) -> dict[int, list[TraceRecord]]
     groups: dict[Any, list[TraceRecord]] = {}
     for r in records:
         if r.kind == "dma":
-            key = (r.work.get("transfer"), r.work.get("src"), r.work.get("dst")) \
+            # The chunks of one transfer share its number, addresses and dependencies (a run
+            # re-emitted later has other dependencies, so its transfers stay its own).
+            key = (r.work.get("transfer"), r.work.get("src"), r.work.get("dst"), r.deps) \
                 if "transfer" in r.work else ("chunk", r.id)
             groups.setdefault(key, []).append(r)
     out: dict[int, list[TraceRecord]] = {}

@@ -126,3 +126,20 @@ def test_replay_and_export_stay_functions_after_their_modules_load():
     import npu_sim.trace.retime  # noqa: F401
 
     assert callable(npu_sim.trace.replay) and callable(npu_sim.trace.export)
+
+
+def test_a_run_shifted_and_appended_replays_as_two_runs(cnn_trace):
+    """Records are data: a fast path may re-emit a run's records shifted in time."""
+    from npu_sim.trace import Recording
+
+    run = [r for r in cnn_trace.records if r.id < next(
+        h.id for h in cnn_trace.records if h.engine == "host")]
+    span = cnn_trace.records[len(run)].cycles
+    start = cnn_trace.records[len(run)].start
+    rec = Recording(cnn_trace.config, "m")
+    rec.add_run("a", run, start, start + span)
+    rec.add_run("a", [r.shifted(span, ids=10_000) for r in run], start + span,
+                start + 2 * span)
+    trace = rec.trace()
+    assert replay(trace, mode="recorded").makespan == 2 * span
+    assert replay(trace, trace.config, "elastic").makespan == 2 * span
