@@ -11,6 +11,8 @@ parser and sets ``handler``; :func:`main` parses and dispatches. Subcommands:
   every graph with its tensors, launches and decoded commands, and how the weights blob is
   shared). A file that does not load prints the :class:`ep.errors.InvalidGraph` message to stderr
   and exits with status 1.
+- ``npu-sim export | replay | report | diff | sweep``: traces (:mod:`ep.cli_trace`); ``run
+  --trace FILE`` records one.
 """
 
 from __future__ import annotations
