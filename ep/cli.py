@@ -11,6 +11,8 @@ parser and sets ``handler``; :func:`main` parses and dispatches. Subcommands:
   every graph with its tensors, launches and decoded commands, and how the weights blob is
   shared). A file that does not load prints the :class:`ep.errors.InvalidGraph` message to stderr
   and exits with status 1.
+- ``npu-sim export | replay | report | diff | sweep``: traces (:mod:`ep.cli_trace`); ``run
+  --trace FILE`` records one.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
+from ep import cli_trace
 from ep.errors import OrtError
 from ep.npusim.binary import ContextBinary, SectionEntry, SectionKind
 from firmware_model import commands as fc
@@ -56,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     _add_run(commands)
     _add_inspect(commands)
+    cli_trace.add_export(commands)
+    cli_trace.add_replay(commands)
+    cli_trace.add_report(commands)
+    cli_trace.add_diff(commands)
+    cli_trace.add_sweep(commands)
     return parser
 
 
@@ -74,6 +82,9 @@ def _add_run(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--timing-only", action="store_true",
                    help="simulate timing only: no values computed, no comparison")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="record the run's replayable trace to FILE (.trace.jsonl); the ONNX "
+                        "Runtime profile is written beside it")
     p.set_defaults(handler=_run)
 
 
@@ -91,9 +102,12 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     else:
         model, label, source = load_model(args.model, {})[0], args.model, args.model
     options = {"device": args.device, "functional": "0" if args.timing_only else "1"}
-    session = InferenceSession(source, providers=[("NpuSimExecutionProvider", options)])
+    session = InferenceSession(source, cli_trace.profiling(args.trace),
+                               providers=[("NpuSimExecutionProvider", options)])
     feeds = sample_input(model, args.seed)
     outputs = session.run(None, feeds)
+    if args.trace:
+        print(cli_trace.save_profile(session, args.trace), file=out)
 
     print(f"model: {label}", file=out)
     for part in session.get_partitions():

@@ -68,9 +68,11 @@ class _Cmd:
     status: Status = Status.OK
     message: str = ""
     start: int = 0
+    fetched: int = 0
     wait_event: simpy.Event | None = None
     device_event: Any = None
     deps: list[_Cmd] = field(default_factory=list)
+    why: list[str] = field(default_factory=list)
 
 
 class _Fault(Exception):
@@ -240,7 +242,7 @@ class Firmware:
         """Decode one descriptor, resolve its deps and start its process."""
         cmd_id = int.from_bytes(raw[4:8], "little")
         rec = _Cmd(q.index, seq & _SEQ_MASK, cmd_id, None, self.env.event(), functional,
-                   program)
+                   program, fetched=int(self.env.now))
         fault: _Fault | None = None
         try:
             rec.command = decode(raw)
@@ -260,10 +262,13 @@ class Firmware:
                                    f"in this submission (earlier ids: {shown or 'none'})")
                     break
                 rec.deps.append(ctx.by_id[dep])
+                rec.why.append("data")  # the trace tells arena reuse apart by address
         if fault is None and isinstance(rec.command, Barrier):
             rec.deps.extend(ctx.since_barrier)
+            rec.why.extend("barrier" for _ in ctx.since_barrier)
         if ctx.barrier is not None:
             rec.deps.append(ctx.barrier)
+            rec.why.append("barrier")
         ctx.by_id[cmd_id] = rec  # a faulted id still resolves: its dependents are CANCELLED
         if isinstance(rec.command, Barrier):
             ctx.barrier = rec
@@ -390,16 +395,22 @@ class Firmware:
         """Post the completion and trace record, then release the dependents."""
         now = self.env.now
         trace = self.device.trace
-        dep_ids = [*record_ids(d.done for d in rec.deps)]
+        dep_ids, why = [], []
+        for d, reason in zip(rec.deps, rec.why, strict=True):
+            for rid in record_ids([d.done]):
+                dep_ids.append(rid)
+                why.append(reason)
         if rec.device_event is not None:
-            dep_ids.extend(record_ids([rec.device_event]))
+            device_ids = record_ids([rec.device_event])
+            dep_ids.extend(device_ids)
+            why.extend("completion" for _ in device_ids)
         work: dict[str, Any] = {"queue": q.index, "cmd_id": rec.cmd_id, "status": rec.status.name,
                                 "command": describe(rec.command) if rec.command else "invalid"}
         if isinstance(rec.command, Dma):
             work["bytes"] = rec.command.nbytes
         kind = type(rec.command).__name__.upper() if rec.command else "INVALID"
         rid = trace.record("command", q.engine, q.scope, f"{kind} #{rec.cmd_id}", rec.start, now,
-                           dep_ids, work)
+                           dep_ids, work, why=why, submit=rec.fetched, ready=rec.start)
         tag(rec.done, rid)
         self._counters["fw.commands"] += 1
         if rec.status is Status.CANCELLED:

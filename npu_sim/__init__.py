@@ -9,7 +9,8 @@ The device is a handful of small objects, each with one job:
 - ``dma``: DMA channels that move data over a shared host link in ``dma_chunk_bytes`` chunks.
 - ``compute``: cores with a systolic array and a vector unit; values come from the numba kernels
   in :mod:`npu_sim.kernels`, cycles from the cost model in :mod:`npu_sim.cost`.
-- ``trace``: a record of every DMA chunk and command with its engine, scope and cycles.
+- ``trace``: a record of every DMA chunk, kernel and command with its engine, scope, cycles and
+  tagged dependencies; :mod:`npu_sim.trace` also saves, exports, replays and analyses traces.
 
 All of it runs on one simpy clock; nothing depends on wall-clock time. :class:`Device` is the
 driver-level API that ties them together.

@@ -41,7 +41,7 @@ from .cost.energy import DYNAMIC
 from .dtypes import TensorSpec
 from .errors import KernelError, NpuSimError
 from .hbm import Hbm
-from .trace import TraceRecorder, record_ids, tag
+from .trace.recorder import TraceRecorder, record_ids, tag
 
 Operand = tuple[int, TensorSpec]
 
@@ -101,8 +101,10 @@ class Compute:
                                           tuple(sorted(cores)), node, functional, tuple(deps)))
 
     def _run(self, kern, op, inputs, outputs, attrs, cores, node, functional, deps):
+        submit = self.env.now
         if deps:
             yield simpy.AllOf(self.env, deps)
+        ready = self.env.now
         in_specs = [None if x is None else x[1] for x in inputs]
         out_specs = [spec for _, spec in outputs]
         requests = [self.cores[c].request() for c in cores]
@@ -110,7 +112,7 @@ class Compute:
             for req in requests:
                 yield req
             start = self.env.now
-            cost = self._price(kern, op, node, in_specs, out_specs, attrs, len(cores))
+            cost = price(self.config, kern, op, node, in_specs, out_specs, attrs, len(cores))
             results = self._values(kern, op, node, inputs, outputs, attrs) if functional else ()
             yield self.env.timeout(cost.total_cycles)
         finally:
@@ -132,33 +134,22 @@ class Compute:
             self._stats[f"core.{c}.busy_cycles"] += end - start
             self._stats[f"core.{c}.energy_pj"] += dynamic / len(cores)
         work = {
-            "op": op, "cores": len(cores), "macs": macs, "attrs": attrs,
+            "op": op, "node": node, "cores": len(cores), "core_ids": list(cores), "macs": macs,
+            "attrs": attrs, "unit": getattr(cost, "engine", "array"),
+            "hbm_bytes": int(getattr(cost, "hbm_bytes", 0) or 0),
             "inputs": [None if s is None else [list(s.shape), s.dtype] for s in in_specs],
             "outputs": [[list(s.shape), s.dtype] for s in out_specs],
             "bytes": sum(s.nbytes for s in [*in_specs, *out_specs] if s is not None),
-            "energy": energy,
+            "reads": [[a, s.nbytes] for a, s in (x for x in inputs if x is not None)],
+            "writes": [[a, s.nbytes] for a, s in outputs],
         }
+        if energy:
+            work["energy"] = energy
         rid = self.trace.record("kernel", f"core{cores[0]}", f"npu.core{cores[0]}",
-                                node or op, start, end, record_ids(deps), work)
+                                node or op, start, end, record_ids(deps), work,
+                                submit=submit, ready=ready)
         tag(self.env.active_process, rid)
         return rid
-
-    def _price(self, kern, op, node, in_specs, out_specs, attrs, ncores):
-        try:
-            if kern.cycles is not None:
-                cost = kern.cycles(self.config, in_specs, out_specs, attrs, cores=ncores)
-            else:
-                from .cost import op_cost
-
-                cost = op_cost(self.config, op, in_specs, out_specs, attrs, cores=ncores)
-        except NpuSimError as exc:
-            raise KernelError(op, node, f"cannot price the launch: {exc}") from exc
-        except Exception as exc:  # a cost function bug must not escape as a raw traceback
-            raise KernelError(op, node, f"cost function raised {exc!r}") from exc
-        cycles = getattr(cost, "total_cycles", None)
-        if isinstance(cycles, bool) or not isinstance(cycles, (int, np.integer)) or cycles < 0:
-            raise KernelError(op, node, f"cost total_cycles={cycles!r}; expected an int >= 0")
-        return cost
 
     def _values(self, kern, op, node, inputs, outputs, attrs) -> list[np.ndarray]:
         try:
@@ -197,3 +188,27 @@ class Compute:
         array = raw.view(dtypes.to_numpy(spec.dtype)).reshape(spec.shape)
         array.flags.writeable = False
         return array
+
+
+def price(config: DeviceConfig, kern: Any, op: str, node: str,
+          in_specs: Sequence[TensorSpec | None], out_specs: Sequence[TensorSpec],
+          attrs: Mapping[str, Any], ncores: int) -> Any:
+    """The cost of one launch of ``op`` on ``ncores`` cores: the kernel's own ``cycles`` if it
+    registered one (``kern`` from :func:`npu_sim.kernels.registry.lookup`), else
+    :func:`npu_sim.cost.op_cost`. Any failure is a :class:`KernelError` naming the launch.
+    Trace replay prices recorded launches under another config with this same function."""
+    try:
+        if kern.cycles is not None:
+            cost = kern.cycles(config, in_specs, out_specs, attrs, cores=ncores)
+        else:
+            from .cost import op_cost
+
+            cost = op_cost(config, op, in_specs, out_specs, attrs, cores=ncores)
+    except NpuSimError as exc:
+        raise KernelError(op, node, f"cannot price the launch: {exc}") from exc
+    except Exception as exc:  # a cost function bug must not escape as a raw traceback
+        raise KernelError(op, node, f"cost function raised {exc!r}") from exc
+    cycles = getattr(cost, "total_cycles", None)
+    if isinstance(cycles, bool) or not isinstance(cycles, (int, np.integer)) or cycles < 0:
+        raise KernelError(op, node, f"cost total_cycles={cycles!r}; expected an int >= 0")
+    return cost

@@ -30,7 +30,7 @@ from .config import DeviceConfig
 from .dma import DMA_ALIGNMENT, HOST_IOVA_BASE, DmaEngine, HostMap
 from .errors import ConfigError, DmaFault
 from .hbm import DeviceBuffer, Hbm
-from .trace import TraceRecorder
+from .trace.recorder import TraceRecorder
 
 __all__ = ["DMA_ALIGNMENT", "HOST_IOVA_BASE", "Device", "DeviceBuffer"]
 

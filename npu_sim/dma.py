@@ -41,7 +41,7 @@ import simpy
 from .config import DeviceConfig
 from .errors import DmaFault
 from .hbm import Hbm
-from .trace import TraceRecorder, record_ids, tag
+from .trace.recorder import TraceRecorder, record_ids, tag
 
 HOST_IOVA_BASE = 1 << 62
 """I/O virtual addresses at or above this are host memory mapped through :class:`HostMap`."""
@@ -179,10 +179,11 @@ class DmaEngine:
         self._transfer_no += 1
         name = name or f"{direction}#{self._transfer_no}"
         self._stats["dma.transfers"] += 1
-        chunk = self.config.dma_chunk_bytes
-        pieces = [(off, min(chunk, nbytes - off)) for off in range(0, nbytes, chunk)]
-        work = {"direction": direction, "src": src, "dst": dst}
-        return self.env.process(self._run(read, write, pieces, name, work, tuple(deps)))
+        pieces = chunk_plan(self.config, nbytes)
+        work = {"direction": direction, "src": src, "dst": dst, "transfer": self._transfer_no,
+                "transfer_bytes": nbytes}
+        return self.env.process(self._run(read, write, pieces, name, work, tuple(deps),
+                                          self.env.now))
 
     def _endpoint(self, address: int, nbytes: int, name: str,
                   *, writable: bool) -> Callable[[int, int], np.ndarray]:
@@ -196,12 +197,13 @@ class DmaEngine:
         self.hbm.locate(address, nbytes)
         return lambda off, n: self.hbm.view(address + off, n)
 
-    def _run(self, read, write, pieces, name, work, deps):
+    def _run(self, read, write, pieces, name, work, deps, submit):
         if deps:
             yield simpy.AllOf(self.env, deps)
         dep_ids = record_ids(deps)
+        times = (submit, self.env.now)
         chunks = [self.env.process(self._chunk(read, write, off, n, i, len(pieces), name, work,
-                                               dep_ids))
+                                               dep_ids, times))
                   for i, (off, n) in enumerate(pieces)]
         last = None
         for proc in chunks:  # completions are reported in order
@@ -212,15 +214,12 @@ class DmaEngine:
         tag(self.env.active_process, last)
         return last
 
-    def _chunk(self, read, write, off, n, index, count, name, work, dep_ids):
+    def _chunk(self, read, write, off, n, index, count, name, work, dep_ids, times):
         env, cfg = self.env, self.config
         ch = yield self._channels.get()
         start = env.now
         yield env.timeout(cfg.dma_setup_cycles)
-        d2d = work["direction"] == "d2d"
-        link = "hbm" if d2d else "link"
-        cycles = math.ceil(2 * n / cfg.hbm_bytes_per_cycle if d2d
-                           else n / cfg.host_link_bytes_per_cycle)
+        link, cycles = chunk_link(cfg, n, work["direction"])
         with self.links[link].request() as req:
             yield req
             yield env.timeout(cycles)
@@ -244,4 +243,19 @@ class DmaEngine:
                                       "chunks": count, "link": link, "energy": energy}
         chunk_name = name if count == 1 else f"{name}[{index}/{count}]"
         return self.trace.record("dma", f"dma{ch}", f"{self.scope}{ch}", chunk_name, start, end,
-                                 dep_ids, chunk_work)
+                                 dep_ids, chunk_work, submit=times[0], ready=times[1])
+
+
+def chunk_plan(config: DeviceConfig, nbytes: int) -> list[tuple[int, int]]:
+    """``(offset, bytes)`` of each chunk a transfer of ``nbytes`` is split into."""
+    chunk = config.dma_chunk_bytes
+    return [(off, min(chunk, nbytes - off)) for off in range(0, nbytes, chunk)]
+
+
+def chunk_link(config: DeviceConfig, nbytes: int, direction: str) -> tuple[str, int]:
+    """The link a chunk of ``nbytes`` holds (``"link"``: the host link; ``"hbm"``: the HBM port,
+    for d2d, moving each byte twice) and for how many cycles. The chunk's channel is busy for
+    ``config.dma_setup_cycles`` before that."""
+    if direction == "d2d":
+        return "hbm", math.ceil(2 * nbytes / config.hbm_bytes_per_cycle)
+    return "link", math.ceil(nbytes / config.host_link_bytes_per_cycle)

@@ -15,7 +15,8 @@ The hierarchy::
     ├── DmaFault             out-of-bounds, freed or unaligned DMA descriptor
     ├── KernelError          a kernel cannot take the shapes, dtypes or attributes it was given
     ├── InvalidCommand       a firmware command descriptor is malformed (raised by firmware_model)
-    └── DeviceFault          the firmware posted a fault completion for a submission
+    ├── DeviceFault          the firmware posted a fault completion for a submission
+    └── TraceError           a trace file or trace is malformed, or cannot be replayed
 """
 
 from __future__ import annotations
@@ -106,6 +107,18 @@ class DeviceFault(NpuSimError):
         self.command_id = command_id
         self.status = status
         super().__init__(scope, f"command {command_id} faulted with {status}: {message}")
+
+
+class TraceError(NpuSimError, ValueError):
+    """A trace cannot be read, exported or replayed.
+
+    ``where`` names the file and line (``"run.trace.jsonl:12"``) or the record; the message says
+    what is wrong and what would be valid.
+    """
+
+    def __init__(self, where: str, message: str) -> None:
+        self.where = where
+        super().__init__("npu.trace", f"{where}: {message}" if where else message)
 
 
 def format_bytes(n: int) -> str:

@@ -136,6 +136,16 @@ class ExecutionProvider(ABC):
         """Called after each session run, also a failed one (``OnRunEnd``)."""
         return None
 
+    def start_profiling(self, model: str) -> None:
+        """The session profiles (``SessionOptions.enable_profiling``): from now on keep a
+        replayable trace of every run of ``model``; nothing by default."""
+        return None
+
+    def end_profiling(self) -> Any:
+        """Stop recording; the :class:`npu_sim.trace.Trace` of every run since
+        :meth:`start_profiling`, or None (the default: this provider records no trace)."""
+        return None
+
     def run_stats(self) -> dict[str, Any]:
         """Counters from the last run (simulated cycles, utilization...); empty by default."""
         return {}

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from ..errors import Fail
 from .context_writer import ContextWriter
 from .executor import PlanExecutor, type_string
 from .files import atomic_write
@@ -85,6 +86,10 @@ class InferenceSession:
         self._model, self._model_path = built.source, built.model_path
         self._providers, self._graph, self._plan = built.providers, built.graph, built.plan
         self._executor = PlanExecutor(self._graph, self._plan, built.compiled)
+        if self._profiler.enabled:
+            model_name = self._model.graph.name or os.path.basename(str(self._model_path or ""))
+            for provider in self._providers:
+                provider.start_profiling(model_name)
         self._profiler.event("session_initialization", "Session", started)
 
     # -- onnxruntime's API --------------------------------------------------------------------
@@ -137,8 +142,14 @@ class InferenceSession:
 
     def end_profiling(self) -> str:
         """Write the profile (ONNX Runtime's JSON format) and return its file name; ``""``
-        when profiling is off."""
-        return self._profiler.end(self.get_run_stats())
+        when profiling is off.
+
+        A provider that records a replayable trace (the NPU: every run of every partition
+        since the session was created) has it written beside the profile, same stem, suffix
+        ``.trace.jsonl`` (``docs/trace_format.md``); its kernels join the profile as ``Node``
+        events in simulated time. Profiling stops, as in onnxruntime."""
+        traces = [t for t in (p.end_profiling() for p in self._providers) if t is not None]
+        return self._profiler.end(self.get_run_stats(), traces[0] if traces else None)
 
     # -- what the simulator adds --------------------------------------------------------------
 
@@ -207,7 +218,7 @@ class _TimedNode(CompiledNode):
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         started = time.perf_counter()
         outputs = self.inner.run(inputs)
-        self.profiler.partition_ran(self.name, self.provider, started)
+        self.profiler.partition_ran(self.name, self.provider, started, inputs, outputs)
         return outputs
 
 
@@ -239,31 +250,60 @@ class Profiler:
                             "dur": self._us(now) - self._us(started), "ts": self._us(started),
                             "ph": "X", "name": name, "args": dict(args or {})})
 
-    def partition_ran(self, name: str, provider: str, started: float) -> None:
-        """Record one partition's run."""
+    def partition_ran(self, name: str, provider: str, started: float,
+                      inputs: Sequence[np.ndarray] = (),
+                      outputs: Sequence[np.ndarray] = ()) -> None:
+        """Record one partition's run (its tensors' shapes as onnxruntime lists them)."""
         self._last[name] = (time.perf_counter() - started) * 1e6
-        self.event(f"{name}_kernel_time", "Node", started,
-                   {"op_name": name, "provider": provider})
+        if self.enabled:
+            self.event(f"{name}_kernel_time", "Node", started,
+                       {"op_name": name, "provider": provider,
+                        "input_type_shape": _type_shapes(inputs),
+                        "output_type_shape": _type_shapes(outputs),
+                        "node_index": str(len(self.events))})
 
     def last_partition_us(self) -> dict[str, float]:
         """Wall microseconds of each partition's latest run."""
         return dict(self._last)
 
-    def end(self, run_stats: Mapping[str, Any]) -> str:
-        """Write the profile JSON (with the providers' run stats attached) and return its
-        name; ``""`` when profiling is off."""
+    def end(self, run_stats: Mapping[str, Any], trace: Any = None) -> str:
+        """Write the profile JSON (with the providers' run stats attached, and ``trace``'s
+        kernels as Node events) and return its name; ``""`` when profiling is off. ``trace``
+        (an :class:`npu_sim.trace.Trace`) is saved beside it as ``<stem>.trace.jsonl``."""
         if not self.enabled:
             return ""
+        from npu_sim.trace import save
+        from npu_sim.trace.exporters import ort_events
+
         stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
         path = f"{self.prefix}_{stamp}.json"
         events = list(self.events)
+        if trace is not None:
+            events.extend(ort_events(trace, pid=os.getpid()))
+            try:
+                save(trace, f"{self.prefix}_{stamp}.trace.jsonl")
+            except OSError as exc:
+                raise Fail(f"cannot write the trace beside {path}: {exc.strerror}") from None
         for provider, stats in run_stats.items():
             events.append({"cat": "Session", "pid": os.getpid(), "tid": 0, "dur": 0,
                            "ts": self._us(time.perf_counter()), "ph": "X",
                            "name": f"{provider}_run_stats", "args": _jsonable(stats)})
         atomic_write(path, [json.dumps(events, indent=1).encode("utf-8")])
         self.events.clear()
+        self.enabled = False
         return path
+
+
+_ORT_TYPE_NAMES = {"float32": "float", "float64": "double"}
+
+
+def _type_shapes(arrays: Sequence[Any]) -> list[dict[str, list[int]]]:
+    """``[{"float": [1, 3, 64, 64]}, ...]``: onnxruntime's profile form of tensor types."""
+    out = []
+    for a in arrays:
+        if isinstance(a, np.ndarray):
+            out.append({_ORT_TYPE_NAMES.get(a.dtype.name, a.dtype.name): list(a.shape)})
+    return out
 
 
 def _jsonable(value: Any) -> Any:

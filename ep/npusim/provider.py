@@ -37,6 +37,7 @@ from firmware_model import Program
 from npu_sim.config import PRESETS, DeviceConfig
 from npu_sim.errors import ConfigError, NpuSimError
 from npu_sim.hbm import ALLOCATORS
+from npu_sim.trace import Recording, Trace
 
 from .. import errors
 from ..framework import epcontext as E
@@ -59,6 +60,7 @@ from .capability import get_npu_capability
 from .compiler import CompileReport, compile_partition
 from .runtime import NpuRuntime, NpuSimCompiledNode, combine_stats
 from .shared import Staged, workspace
+from .version import SDK_VERSION
 
 OPTION_KEYS = ("device", "functional", "allocator")
 
@@ -105,6 +107,7 @@ class NpuSimExecutionProvider(ExecutionProvider):
         self.reports: dict[str, CompileReport] = {}
         self.nodes: dict[str, NpuSimCompiledNode] = {}
         self._ran: list[str] = []  # partitions of the current (or last) session run
+        self._recording: Recording | None = None
         # EPContext (ep/npusim/epcontext.py): nodes made at compile, binaries kept open.
         self._ep_context_nodes: list[onnx.NodeProto] = []
         self._context_binaries: list[Any] = []
@@ -217,6 +220,7 @@ class NpuSimExecutionProvider(ExecutionProvider):
         """Load ``program`` (freshly compiled or read from a context binary) as node ``name``."""
         node = NpuSimCompiledNode(name, program, self.runtime, input_names,
                                   on_run=self._ran.append)
+        node.recording = self._recording
         self.programs[name] = program
         self.nodes[name] = node
         return node
@@ -235,6 +239,21 @@ class NpuSimExecutionProvider(ExecutionProvider):
     def on_run_start(self) -> None:
         """A session run begins: its stats are those of the partitions it runs."""
         self._ran.clear()
+
+    def start_profiling(self, model: str) -> None:
+        """Record every run of every partition into one trace (:mod:`npu_sim.trace`), also
+        partitions compiled later."""
+        self._recording = Recording(self.config, model, SDK_VERSION,
+                                    {"provider": self.type, "functional": self.functional})
+        for node in self.nodes.values():
+            node.recording = self._recording
+
+    def end_profiling(self) -> Trace | None:
+        """The trace recorded since :meth:`start_profiling`; recording stops."""
+        recording, self._recording = self._recording, None
+        for node in self.nodes.values():
+            node.recording = None
+        return recording.trace() if recording is not None else None
 
 
 def _device_config(value: str) -> DeviceConfig:

@@ -27,6 +27,7 @@ from firmware_model import Firmware, LoadedProgram, Program
 from npu_sim import Device, dtypes
 from npu_sim.config import DeviceConfig
 from npu_sim.errors import NpuSimError
+from npu_sim.trace import Recording
 
 from .. import errors
 from ..framework.provider import CompiledNode
@@ -43,6 +44,8 @@ class NpuRuntime:
         self.firmware = Firmware(self.device)
         self.lock = threading.RLock()
         self._last: dict[str, Any] = {}
+        self.last_span: tuple[int, int] = (0, 0)
+        """Simulated cycles at the start and end of the last run."""
 
     def load(self, program: Program) -> LoadedProgram:
         """Validate and place ``program`` on the device (weights uploaded once)."""
@@ -68,6 +71,7 @@ class NpuRuntime:
         except NpuSimError as exc:
             raise errors.EPFail(f"NpuSim: running {name!r} failed: {exc}") from None
         span = self.device.now - start
+        self.last_span = (start, self.device.now)
         after = self.firmware.stats()
         # hbm.* are gauges (bytes in use, fragmentation...): report them as they stand; the
         # rest are counters: report what this run added.
@@ -163,6 +167,8 @@ class NpuSimCompiledNode(CompiledNode):
         self.program = program
         self.runtime = runtime
         self.last_stats: dict[str, Any] = {}
+        self.recording: Recording | None = None
+        """While the session profiles: where each run's trace records go."""
         self._on_run = on_run
         with runtime.lock:
             self.loaded = runtime.load(program)
@@ -188,6 +194,9 @@ class NpuSimCompiledNode(CompiledNode):
         with self.runtime.lock:
             outputs = self.runtime.run(self.name, self.loaded, feeds)
             self.last_stats = self.runtime.last_run_stats()
+            if self.recording is not None:
+                self.recording.add_run(self.name, self.runtime.device.trace.records,
+                                       *self.runtime.last_span)
         if self._on_run is not None:
             self._on_run(self.name)
         return [o if o is not None else np.zeros(t.shape, dtypes.to_numpy(t.dtype))
