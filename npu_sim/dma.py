@@ -235,7 +235,7 @@ class DmaEngine:
         st["dma.chunks"] += 1
         st[f"dma.busy_cycles.{link}"] += cycles
         st[f"dma.{ch}.busy_cycles"] += end - start
-        energy = chunk_energy(cfg, n, d2d)
+        energy = chunk_energy(cfg, n, work["direction"] == "d2d")
         for key, value in energy.items():
             st[f"dma.energy_pj.{key}"] += value
         st[f"dma.{ch}.energy_pj"] += sum(energy.values())

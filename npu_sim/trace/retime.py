@@ -368,20 +368,21 @@ class _Elastic:
         yield from chunks  # completions in order, as the device reports them
 
     def _chunk(self, first, group, rid, off, n, index, count, submit, ready):
-        from ..dma import chunk_link
+        from ..dma import chunk_energy, chunk_link
 
         env, cfg = self.env, self.config
         ch = yield self.channels.get()
         start = int(env.now)
         yield env.timeout(cfg.dma_setup_cycles)
-        link, cycles = chunk_link(cfg, n, first.work.get("direction", "h2d"))
+        direction = first.work.get("direction", "h2d")
+        link, cycles = chunk_link(cfg, n, direction)
         with self.links[link].request() as req:
             yield req
             yield env.timeout(cycles)
         self.channels.put(ch)
         base = first.name.split("[", 1)[0]
         work = {**first.work, "bytes": n, "offset": off, "chunk": index, "chunks": count,
-                "link": link}
+                "link": link, "energy": chunk_energy(cfg, n, direction == "d2d")}
         rec = _moved(first, id=rid, engine=f"dma{ch}",
                                   scope=f"{first.scope.rstrip('0123456789')}{ch}",
                                   name=base if count == 1 else f"{base}[{index}/{count}]",

@@ -73,8 +73,23 @@ def test_energy_is_carried_when_kernels_report_it(cnn_trace):
     records = tuple(dataclasses.replace(r, work={**r.work, "energy": {"array": 2.0}})
                     if r.kind == "kernel" else r for r in cnn_trace.records)
     kernels = sum(r.kind == "kernel" for r in records)
+    dma = [r.work["energy"] for r in records if r.kind == "dma"]
+    assert dma and all(e["hbm"] > 0 for e in dma)  # DMA chunks price their own energy
     result = replay(Trace(cnn_trace.config, records, "m"), mode="recorded")
-    assert result.energy == {"array": 2.0 * kernels}
+    assert result.energy["array"] == 2.0 * kernels
+    for part in ("hbm", "host_link"):
+        assert result.energy[part] == pytest.approx(sum(e.get(part, 0.0) for e in dma))
+
+
+def test_elastic_replay_reprices_energy_under_the_new_config(cnn_trace, base_config):
+    same = replay(cnn_trace, base_config, "elastic")
+    assert same.energy == pytest.approx(replay(cnn_trace, mode="recorded").energy)
+    # DMA energy is linear in the bytes: re-chunking keeps it; a dearer link scales it
+    rechunked = replay(cnn_trace, base_config.replace(dma_chunk_bytes=4096), "elastic")
+    assert rechunked.energy["host_link"] == pytest.approx(same.energy["host_link"])
+    dear = base_config.replace(host_link_pj_per_byte=2 * base_config.host_link_pj_per_byte)
+    assert replay(cnn_trace, dear, "elastic").energy["host_link"] == pytest.approx(
+        2 * same.energy["host_link"])
 
 
 @settings(max_examples=25, deadline=None)
