@@ -24,6 +24,7 @@ import struct
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 
 from ep.errors import InvalidGraph
@@ -31,6 +32,7 @@ from firmware_model.program import Program
 
 from . import binary_layout as L
 from .binary_records import Decoder
+from .external_weights import ExternalFiles, open_external
 from .version import FORMAT_VERSION, SDK_VERSION, sdk_major
 
 
@@ -245,11 +247,14 @@ class ContextBinary:
     def __init__(self, data: bytes | bytearray | memoryview, *,
                  expected_architecture: str | None = None,
                  expected_config_digest: str | None = None, source: str = "<bytes>",
+                 external_folder: str | os.PathLike[str] | None = None,
                  _mapping: mmap.mmap | None = None) -> None:
         self.source = source
         self._mapping = _mapping
         self._closed = False
         view = memoryview(data).cast("B").toreadonly()
+        external_folder = None if external_folder is None else Path(external_folder)
+        self._external = ExternalFiles()
         self.header = _parse_header(view, expected_architecture, expected_config_digest)
         self.sections = _parse_sections(view, self.header)
         by_kind: dict[L.SectionKind, L.SectionEntry] = {}
@@ -265,6 +270,10 @@ class ContextBinary:
         blocks = _weight_blocks(view, self.sections.index(weights), weights,
                                 by_kind[L.SectionKind.WEIGHT_CHECKSUMS])
         decoder = Decoder(view, by_kind)
+        self._external = open_external(decoder.external_refs(), external_folder)
+        decoder.external = self._external.views
+        self.external_weights = list(self._external.listing)
+        """Every external weight the binary refers to (path, size, offset, id), in its order."""
         with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
             # The weights' blocks are verified while the records are decoded; a bad block is
             # reported first (checksums come before records), and nothing is returned before
@@ -282,17 +291,20 @@ class ContextBinary:
         self.weights_summary = WeightsSummary(
             blobs=len(decoder.blobs), references=len(decoder.references),
             referenced_bytes=sum(decoder.references),
-            distinct_bytes=sum(length for _, length in decoder.blobs),
+            distinct_bytes=sum(length for _, _, length in decoder.blobs),
             section_bytes=by_kind[L.SectionKind.WEIGHTS].length,
         )
 
     @classmethod
     def from_bytes(cls, data: bytes | bytearray | memoryview, *,
                    expected_architecture: str | None = None,
-                   expected_config_digest: str | None = None) -> ContextBinary:
-        """Validate and wrap a binary held in memory (weights become views into ``data``)."""
+                   expected_config_digest: str | None = None,
+                   external_folder: str | os.PathLike[str] | None = None) -> ContextBinary:
+        """Validate and wrap a binary held in memory (weights become views into ``data``, or
+        into its external weight files, found relative to ``external_folder``)."""
         return cls(data, expected_architecture=expected_architecture,
-                   expected_config_digest=expected_config_digest)
+                   expected_config_digest=expected_config_digest,
+                   external_folder=external_folder)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, expected_architecture: str | None = None,
@@ -312,7 +324,8 @@ class ContextBinary:
         try:
             return cls(mapping if mapping is not None else b"", source=os.fspath(path),
                        expected_architecture=expected_architecture,
-                       expected_config_digest=expected_config_digest, _mapping=mapping)
+                       expected_config_digest=expected_config_digest,
+                       external_folder=Path(path).parent, _mapping=mapping)
         except BaseException:
             _release(mapping)
             raise
@@ -350,6 +363,7 @@ class ContextBinary:
         self._programs = {}
         mapping, self._mapping = self._mapping, None
         _release(mapping)
+        self._external.close()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -57,10 +57,12 @@ from ..framework.provider import (
 from . import epcontext as npu_epcontext
 from .capability import get_npu_capability
 from .compiler import CompileReport, compile_partition
+from .external_weights import DEFAULT_FOLDER, ExternalWeightFile, external_spec
 from .runtime import NpuRuntime, NpuSimCompiledNode, combine_stats
 from .shared import Staged, workspace
 
-OPTION_KEYS = ("device", "functional", "allocator")
+OPTION_KEYS = ("device", "functional", "allocator", "external_weights",
+               "external_weights_folder", "weight_streaming")
 
 
 class NpuSimExecutionProvider(ExecutionProvider):
@@ -83,6 +85,9 @@ class NpuSimExecutionProvider(ExecutionProvider):
             raise errors.InvalidArgument(f"NpuSimExecutionProvider option allocator="
                                          f"{self.allocator!r}; valid: {valid}")
         self.dim_overrides = _dim_overrides(options)
+        self.external_mode = options.get("external_weights", "0")
+        self.external_folder = options.get("external_weights_folder", DEFAULT_FOLDER)
+        self.streaming = _flag("weight_streaming", options.get("weight_streaming", "1"))
         session = context.session_config
         self.generating = config_flag(session, EP_CONTEXT_ENABLE)
         self.share = config_flag(session, SHARE_EP_CONTEXTS)
@@ -92,6 +97,13 @@ class NpuSimExecutionProvider(ExecutionProvider):
                 f"{STOP_SHARE_EP_CONTEXTS}=1 marks the last session of a group sharing EP "
                 f"contexts and needs {SHARE_EP_CONTEXTS}=1 too; got {SHARE_EP_CONTEXTS}="
                 f"{session.get(SHARE_EP_CONTEXTS, '0')!r}")
+        self.external = None
+        if self.generating:
+            settings = E.generation_settings(context)
+            self.external = external_spec(self.external_mode, self.external_folder,
+                                          settings.output_path, settings.model_name)
+        elif self.external_mode not in ("0", "1", "2"):
+            external_spec(self.external_mode, self.external_folder, Path("."), "")
         if self.share and self.generating:
             self._check_shared_generation()
         if self.share and not self.generating:
@@ -108,6 +120,7 @@ class NpuSimExecutionProvider(ExecutionProvider):
         # EPContext (ep/npusim/epcontext.py): nodes made at compile, binaries kept open.
         self._ep_context_nodes: list[onnx.NodeProto] = []
         self._context_binaries: list[Any] = []
+        self._external_written: list[ExternalWeightFile] = []
 
     def free_dimension_overrides(self) -> dict[str, int]:
         """Symbolic dimensions fixed by provider options (``{"batch": "1"}``)."""
@@ -172,11 +185,15 @@ class NpuSimExecutionProvider(ExecutionProvider):
             compiled.append(self.add_program(fused.name, result.program, fused.inputs))
         if fresh and self.generating and self.share:
             nodes, self._staged = npu_epcontext.make_shared_context_nodes(
-                fresh, self.context, self.config, workspace(), stop=self.stop_share)
+                fresh, self.context, self.config, workspace(), stop=self.stop_share,
+                external=self.external)
             self._ep_context_nodes.extend(nodes)
+            self._external_written.extend(self._staged.external_weights)
         elif fresh and self.generating:
-            self._ep_context_nodes.extend(
-                npu_epcontext.make_context_nodes(fresh, self.context, self.config))
+            nodes, written = npu_epcontext.make_context_nodes(fresh, self.context, self.config,
+                                                              self.external)
+            self._ep_context_nodes.extend(nodes)
+            self._external_written.extend(written)
         if self.share and self.stop_share and not self.generating:
             workspace().release_loaded()
         return compiled
@@ -197,9 +214,24 @@ class NpuSimExecutionProvider(ExecutionProvider):
                 workspace().abort(staged)
         elif committed and self.share and self.stop_share and self.generating:
             settings = E.generation_settings(self.context)
-            workspace().finish_without_graphs(settings.output_path,
-                                              hardware_architecture=self.config.name,
-                                              config_digest=self.config.digest)
+            self._external_written.extend(workspace().finish_without_graphs(
+                settings.output_path, hardware_architecture=self.config.name,
+                config_digest=self.config.digest, external=self.external))
+
+    def external_weight_files(self) -> list[ExternalWeightFile]:
+        """The external weights of this provider's programs, like GE's compile summary
+        (``GetExternalWeightPaths``): one entry per distinct weight with its file's ``path``,
+        its ``size`` in bytes, its ``offset`` in the file and its ``id`` (SHA-256). After
+        generating with ``external_weights`` 1 or 2, the weights written (or found in the
+        folder) for the session's binary; after loading an EPContext model, those its binaries
+        refer to. Paths are absolute."""
+        seen: dict[tuple[str, int], ExternalWeightFile] = {}
+        for item in self._external_written:
+            seen.setdefault((item.id, item.offset), item)
+        for binary in self._context_binaries:
+            for item in binary.external_weights:
+                seen.setdefault((item.id, item.offset), item)
+        return list(seen.values())
 
     def _add_context_program(self, fused: FusedNode, program: Program) -> NpuSimCompiledNode:
         """Load a program read from a context binary for its EPContext node: I/O bound by
