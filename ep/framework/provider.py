@@ -139,3 +139,8 @@ class ExecutionProvider(ABC):
     def run_stats(self) -> dict[str, Any]:
         """Counters from the last run (simulated cycles, utilization...); empty by default."""
         return {}
+
+    def external_weight_files(self) -> list[Any]:
+        """The weights the provider keeps in external files (each with ``path``, ``size``,
+        ``offset`` and ``id``, like GE's compile summary); none by default."""
+        return []

@@ -157,6 +157,12 @@ class InferenceSession:
                  "inputs": list(p.inputs), "outputs": list(p.outputs)}
                 for p in self._plan.partitions]
 
+    def get_external_weight_files(self) -> list[Any]:
+        """Every provider's external weight files after compiling or loading, in provider
+        order: entries with ``path``, ``size``, ``offset`` and ``id`` (GE's
+        ``CompiledGraphSummary::GetExternalWeightPaths``); see ``docs/epcontext.md``."""
+        return [item for p in self._providers for item in p.external_weight_files()]
+
     def get_run_stats(self) -> dict[str, Any]:
         """Counters from the last run: per provider its ``run_stats()`` (simulated cycles,
         microseconds and engine utilization for the NPU), plus wall time per partition."""

@@ -273,7 +273,7 @@ def open_external(refs: Sequence[ExternalRef], base: Path | None) -> ExternalFil
                 out.mappings[path] = _map(path)
             mapping = out.mappings[path]
             if ref.offset % ALIGN or ref.offset + ref.length > len(mapping):
-                what = "truncated" if ref.offset <= len(mapping) else "offset out of range"
+                what = "truncated" if ref.offset < len(mapping) else "offset out of range"
                 raise InvalidGraph(f"external weight file {str(path)!r}: {what}: the weight "
                                    f"{ref.sha256.hex()[:16]}... is at [{ref.offset}, "
                                    f"{ref.offset + ref.length}) but the file has {len(mapping)} "
