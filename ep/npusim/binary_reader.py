@@ -32,7 +32,7 @@ from firmware_model.program import Program
 
 from . import binary_layout as L
 from .binary_records import Decoder
-from .external_weights import ExternalFiles, open_external
+from .external_weights import ExternalFiles, ExternalWeightFile, open_external
 from .version import FORMAT_VERSION, SDK_VERSION, sdk_major
 
 
@@ -287,6 +287,7 @@ class ContextBinary:
                 if bad is not None:
                     raise bad.error(checks[blocks.index(bad)].result()) from None
         self._programs = programs
+        self._sources = decoder.sources
         self._digests = decoder.digests(list(programs))
         self.weights_summary = WeightsSummary(
             blobs=len(decoder.blobs), references=len(decoder.references),
@@ -351,6 +352,12 @@ class ContextBinary:
         or None in a format 2.0 file, which records none."""
         self._check_open()
         return self._digests.get(name)
+
+    def external_weights_of(self, name: str) -> dict[int, ExternalWeightFile]:
+        """The weights of graph ``name`` kept in external files: tensor index -> its file,
+        size, offset and id (empty when its weights are in the binary)."""
+        self._check_open()
+        return {t: self.external_weights[k] for t, k in self._sources.get(name, {}).items()}
 
     def programs(self) -> list[Program]:
         """Every program, in file order."""

@@ -97,6 +97,7 @@ class Decoder:
             if L.SectionKind.EXTERNAL_WEIGHTS in sections else None
         self.external: list[memoryview] = []  # views of the EXTERNAL_WEIGHTS entries' bytes
         self.external_refs_cache: list[ExternalRef] = []
+        self.sources: dict[str, dict[int, int]] = {}  # graph -> tensor -> external entry
         self.blobs: set[tuple[int, int, int]] = set()  # distinct (source, offset, length)
         self.references: list[int] = []
 
@@ -188,8 +189,11 @@ class Decoder:
                     "or repeated"
                 )
             where = f"{cur.where}, weight of tensor {index}"
-            weights[index] = self.blob(offset, length, where) if source == 0 else \
-                self.external_blob(source, offset, length, where)
+            if source == 0:
+                weights[index] = self.blob(offset, length, where)
+            else:
+                weights[index] = self.external_blob(source, offset, length, where)
+                self.sources.setdefault(name, {})[index] = source - 1
         cur.need(n_launches * L.LAUNCH.size, f"{n_launches} launches")
         launches = tuple(self.launch(cur, i, n_tensors) for i in range(n_launches))
         cur.finish()

@@ -17,7 +17,7 @@ own runs to its provider, so a session reports its runs, not another session's.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,7 @@ from firmware_model import Firmware, LoadedProgram, Program
 from npu_sim import Device, dtypes
 from npu_sim.config import DeviceConfig
 from npu_sim.errors import NpuSimError
+from npu_sim.hbm import DeviceBuffer
 
 from .. import errors
 from ..framework.provider import CompiledNode
@@ -35,22 +36,26 @@ class NpuRuntime:
     """One simulated device + firmware shared by all of a provider's compiled nodes."""
 
     def __init__(self, config: DeviceConfig, *, allocator: str = "best_fit",
-                 functional: bool = True) -> None:
+                 functional: bool = True, device: Device | None = None) -> None:
         self.config = config
         self.functional = functional
-        self.device = Device(config, allocator=allocator)
+        self.device = device if device is not None else Device(config, allocator=allocator)
         self.firmware = Firmware(self.device)
         self.lock = threading.RLock()
         self._last: dict[str, Any] = {}
 
-    def load(self, program: Program) -> LoadedProgram:
-        """Validate and place ``program`` on the device (weights uploaded once)."""
+    def load(self, program: Program, *, stream: bool = False,
+             pinned: Mapping[int, tuple[DeviceBuffer, int]] | None = None) -> LoadedProgram:
+        """Validate and place ``program`` on the device (weights uploaded once; ``stream``:
+        uploads left in flight, each kernel waiting for its own weights; ``pinned``: weight
+        tensors in caller-provided memory)."""
         if program.hardware_architecture and program.hardware_architecture != self.config.name:
             raise errors.InvalidArgument(
                 f"program {program.name!r} was compiled for {program.hardware_architecture!r}; "
                 f"this provider's device is {self.config.name!r}")
         try:
-            return self.firmware.load(program, functional=self.functional)
+            return self.firmware.load(program, functional=self.functional, stream=stream,
+                                      pinned=pinned)
         except NpuSimError as exc:
             raise errors.EPFail(f"NpuSim: cannot load program {program.name!r}: {exc}") from None
 
@@ -136,14 +141,15 @@ class NpuSimCompiledNode(CompiledNode):
 
     def __init__(self, name: str, program: Program, runtime: NpuRuntime,
                  input_names: Sequence[str] | None = None,
-                 on_run: Callable[[str], object] | None = None) -> None:
+                 on_run: Callable[[str], object] | None = None, *, stream: bool = False,
+                 pinned: Mapping[int, tuple[DeviceBuffer, int]] | None = None) -> None:
         self.name = name
         self.program = program
         self.runtime = runtime
         self.last_stats: dict[str, Any] = {}
         self._on_run = on_run
         with runtime.lock:
-            self.loaded = runtime.load(program)
+            self.loaded = runtime.load(program, stream=stream, pinned=pinned)
         names = [t.name for t in program.input_descs()]
         given = list(input_names) if input_names is not None else names
         missing = [n for n in names if n not in given]
