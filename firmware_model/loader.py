@@ -377,15 +377,17 @@ class LoadedProgram:
         return operand
 
     def arrivals(self, tensors: Sequence[int]) -> list[simpy.Event]:
-        """The streamed uploads of ``tensors``' weights still in flight (what a kernel reading
-        them waits for)."""
+        """The streamed uploads of ``tensors``' weights (what a kernel reading them waits for
+        and names as dependencies), until the first run after which all have landed."""
         ready = self.placement.ready if self.placement is not None else None
         if not ready:
             return []
-        events = [ready[t] for t in tensors if t in ready]
-        for t in [t for t in ready if ready[t].processed]:
-            del ready[t]  # landed: later runs need not look again
-        return [e for e in dict.fromkeys(events) if not e.processed]
+        return list(dict.fromkeys(ready[t] for t in tensors if t in ready))
+
+    def _forget_landed(self) -> None:
+        ready = self.placement.ready if self.placement is not None else None
+        for t in [t for t in ready or () if ready[t].processed]:
+            del ready[t]  # landed: later runs need not wait or depend on it
 
     @property
     def relocated_commands(self) -> bytes:
@@ -405,7 +407,7 @@ class LoadedProgram:
         host_in = self._host_inputs(inputs, functional)
         # An output that is a weight (a constant) is read by a DMA, which cannot wait for a
         # streamed upload: let those land first.
-        fw.weights.settle(self.arrivals(prog.outputs))
+        fw.weights.settle([e for e in self.arrivals(prog.outputs) if not e.processed])
         host_out = [np.zeros(t.shape, dtypes.to_numpy(t.dtype)) for t in prog.output_descs()]
         used = {c.semaphore for c in self.commands if isinstance(c, (Signal, Wait))}
         fw.reset_semaphores(sorted(used))
@@ -432,6 +434,7 @@ class LoadedProgram:
             start = device.now
             fw.run(stream, queue=queue, program=self, functional=functional)
             self.last_run_cycles = device.now - start
+            self._forget_landed()
         finally:
             for iova in mapped:
                 device.unmap_host(iova)
