@@ -103,6 +103,15 @@ class InferenceSession:
         self._profiler.event("model_run", "Session", started)
         return result
 
+    def create_instance(self) -> SessionInstance:
+        """Another inference instance of this compiled model, as PPLNN's
+        ``builder->CreateRuntime()``: it shares the model's weights (one device copy, counted
+        once in ``hbm.weights.bytes``) and has its own activations, so instances run from
+        different threads without waiting on each other's buffers. Each compiled node makes its
+        instance (:meth:`~ep.framework.provider.CompiledNode.instance`)."""
+        nodes = {name: node.instance() for name, node in self._executor.compiled.items()}
+        return SessionInstance(self, PlanExecutor(self._graph, self._plan, nodes))
+
     def get_inputs(self) -> list[NodeArg]:
         """The graph inputs (initializers excluded), in order."""
         return [node_arg(self._graph, name) for name in self._graph.inputs]
@@ -181,6 +190,28 @@ class InferenceSession:
 # -- loading, feeds, profiling ---------------------------------------------------------------
 
 
+class SessionInstance:
+    """An inference instance made by :meth:`InferenceSession.create_instance`: ``run`` as the
+    session's (partial runs included), its own activations, the session's weights."""
+
+    def __init__(self, session: InferenceSession, executor: PlanExecutor) -> None:
+        self.session = session
+        self._executor = executor
+
+    def run(self, output_names: Sequence[str] | None,
+            input_feed: Mapping[str, Any]) -> list[np.ndarray]:
+        """Compute ``output_names`` (None or empty: every output) from ``input_feed``."""
+        return self._executor.run(input_feed, output_names or None)
+
+    def get_inputs(self) -> list[NodeArg]:
+        """The session's inputs."""
+        return self.session.get_inputs()
+
+    def get_outputs(self) -> list[NodeArg]:
+        """The session's outputs."""
+        return self.session.get_outputs()
+
+
 @dataclass(frozen=True)
 class NodeArg:
     """A graph input or output as onnxruntime describes it: name, ``"tensor(float)"``-style
@@ -209,6 +240,9 @@ class _TimedNode(CompiledNode):
     def __init__(self, inner: CompiledNode, name: str, provider: str,
                  profiler: Profiler) -> None:
         self.inner, self.name, self.provider, self.profiler = inner, name, provider, profiler
+
+    def instance(self) -> CompiledNode:
+        return _TimedNode(self.inner.instance(), self.name, self.provider, self.profiler)
 
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         started = time.perf_counter()

@@ -17,6 +17,7 @@ own runs to its provider, so a session reports its runs, not another session's.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -148,6 +149,7 @@ class NpuSimCompiledNode(CompiledNode):
         self.runtime = runtime
         self.last_stats: dict[str, Any] = {}
         self._on_run = on_run
+        self._settings = (input_names, stream, pinned)
         with runtime.lock:
             self.loaded = runtime.load(program, stream=stream, pinned=pinned)
         names = [t.name for t in program.input_descs()]
@@ -177,7 +179,23 @@ class NpuSimCompiledNode(CompiledNode):
         return [o if o is not None else np.zeros(t.shape, dtypes.to_numpy(t.dtype))
                 for o, t in zip(outputs, self.program.output_descs(), strict=True)]
 
+    def instance(self) -> NpuSimCompiledNode:
+        """The same program loaded again on the same device: a new arena for its activations,
+        its weights shared (the weight store finds them resident). The instance's device memory
+        is released when it is dropped."""
+        input_names, stream, pinned = self._settings
+        node = NpuSimCompiledNode(self.name, self.program, self.runtime, input_names,
+                                  self._on_run, stream=stream, pinned=pinned)
+        weakref.finalize(node, _unload, self.runtime, node.loaded)
+        return node
+
     def release(self) -> None:
         """Free the program's device memory."""
         with self.runtime.lock:
             self.loaded.unload()
+
+
+def _unload(runtime: NpuRuntime, loaded: LoadedProgram) -> None:
+    with runtime.lock:
+        if loaded.loaded:
+            loaded.unload()
