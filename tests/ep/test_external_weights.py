@@ -263,3 +263,29 @@ def test_a_binary_without_external_weights_reads_as_before(tmp_path):
     assert binary.header.format_version == (2, 1)
     assert binary.external_weights == []
     assert binary.programs() == sample_programs()
+
+
+def test_model_compiler_and_a_sharing_group_write_external_weights(tmp_path):
+    from ep.npusim.shared import workspace
+
+    so = ep.SessionOptions()
+    so.add_provider(NPU, {"external_weights": "1"})
+    onnx.save(matmul_add(seed=8), tmp_path / "c.onnx")
+    ep.ModelCompiler(so, str(tmp_path / "c.onnx")).compile_to_file(str(tmp_path / "c_ctx.onnx"))
+    check_matches(tmp_path / "c_ctx.onnx", matmul_add(seed=8))
+    workspace().reset()
+    try:
+        sources = {"g1": matmul_add(seed=1), "g2": matmul_add(act="Relu", seed=1)}
+        for k, (name, source) in enumerate(sources.items()):
+            session = {"ep.share_ep_contexts": "1", "ep.context_node_name_prefix": f"{name}_"}
+            if k == 1:
+                session["ep.stop_share_ep_contexts"] = "1"
+            last = generate(tmp_path, name, source, "2", session=session)
+        with ContextBinary.open(tmp_path / "g1_npusim.bin") as binary:
+            assert binary.weights_summary.section_bytes == 0
+            assert {w.id for w in binary.external_weights} == weight_digests(sources["g1"])
+        assert {w.id for w in last.get_external_weight_files()} == weight_digests(sources["g1"])
+        for name, source in sources.items():
+            check_matches(tmp_path / f"{name}_ctx.onnx", source)
+    finally:
+        workspace().reset()
