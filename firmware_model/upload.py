@@ -9,6 +9,8 @@ are the weights plus the padding between them; nothing is copied on the host.
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -61,6 +63,8 @@ def upload_weights(fw: Firmware, program: Program, base: int) -> None:
     finally:
         for iova in maps.values():
             device.unmap_host(iova)
+    for data in program.weights.values():
+        drop_resident(data)
 
 
 def stream_weights(fw: Firmware, program: Program, buffer: DeviceBuffer,
@@ -99,10 +103,36 @@ def stream_weights(fw: Firmware, program: Program, buffer: DeviceBuffer,
     last = after
     for start, host in sorted(runs, key=rank):
         last = device.memcpy_h2d_async(buffer, host, start, deps=[] if last is None else [last])
+        landed = []
         for o in order:
             if start <= o < start + host.size:
                 events.update((i, last) for i in readers[o])
+                landed.extend(program.weights[i] for i in readers[o])
+        last.callbacks.append(lambda _event, views=landed: [drop_resident(v) for v in views])
     return events, last
+
+
+def drop_resident(data: bytes | bytearray | memoryview) -> None:
+    """Let the OS drop the host pages of ``data`` from this process's resident set, when
+    ``data`` is a read-only view of a file mapping (a context binary, an external weight file)
+    whose bytes have been used (uploaded, checksummed): they stay in the page cache and fault in
+    again if read. Peak host memory of a loaded model is then about one copy of its weights (the
+    device's), not two. Anything else (bytes, arrays, a writable or private mapping, whose pages
+    may hold the only copy) is left alone."""
+    if not isinstance(data, memoryview) or not data.readonly or \
+            not isinstance(data.obj, mmap.mmap) or data.obj.closed:
+        return
+    mapping = data.obj
+    try:
+        base = host_address(np.frombuffer(mapping, np.uint8))
+        start = host_address(host_bytes(data)) - base
+    except (BufferError, TypeError, ValueError):
+        return
+    page = mmap.PAGESIZE
+    lo, hi = -(-start // page) * page, (start + data.nbytes) // page * page
+    if hi > lo:
+        with contextlib.suppress(OSError, ValueError):
+            mapping.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
 def _owner_of(program: Program) -> dict[int, tuple[int, np.ndarray]]:

@@ -29,6 +29,7 @@ from types import TracebackType
 
 from ep.errors import InvalidGraph
 from firmware_model.program import Program
+from firmware_model.upload import drop_resident
 
 from . import binary_layout as L
 from .binary_records import Decoder
@@ -236,6 +237,14 @@ def _weight_blocks(view: memoryview, section: int, weights: L.SectionEntry,
             for i, crc in enumerate(crcs)]
 
 
+def _crc32_then_drop(block: memoryview) -> int:
+    """The CRC-32 of a weights block; a mapped block's pages then leave the resident set (they
+    stay in the page cache): opening a binary does not hold its weights in memory twice."""
+    crc = zlib.crc32(block)
+    drop_resident(block)
+    return crc
+
+
 class ContextBinary:
     """A validated context binary: its header, section table and one program per graph.
 
@@ -278,7 +287,8 @@ class ContextBinary:
             # The weights' blocks are verified while the records are decoded; a bad block is
             # reported first (checksums come before records), and nothing is returned before
             # every block is verified.
-            checks = [pool.submit(zlib.crc32, view[block.start : block.end]) for block in blocks]
+            checks = [pool.submit(_crc32_then_drop, view[block.start : block.end])
+                      for block in blocks]
             try:
                 programs = decoder.graphs()
             finally:

@@ -44,6 +44,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from firmware_model.upload import drop_resident
+
 from ..errors import Fail, InvalidArgument, InvalidGraph
 from ..framework.files import atomic_write, remove_stale_temporaries
 
@@ -282,7 +284,7 @@ def open_external(refs: Sequence[ExternalRef], base: Path | None) -> ExternalFil
             out.listing.append(ExternalWeightFile(str(path), ref.length, ref.offset,
                                                   ref.sha256.hex()))
         with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
-            digests = list(pool.map(lambda v: hashlib.sha256(v).digest(), out.views))
+            digests = list(pool.map(_sha256_then_drop, out.views))
         for ref, item, digest in zip(refs, out.listing, digests, strict=True):
             if digest != ref.sha256:
                 raise InvalidGraph(f"external weight file {item.path!r}: hash mismatch at offset "
@@ -292,6 +294,13 @@ def open_external(refs: Sequence[ExternalRef], base: Path | None) -> ExternalFil
         out.close()
         raise
     return out
+
+
+def _sha256_then_drop(view: memoryview) -> bytes:
+    """A weight's SHA-256; its mapped pages then leave the resident set (page cache keeps them)."""
+    digest = hashlib.sha256(view).digest()
+    drop_resident(view)
+    return digest
 
 
 def _resolve(file: str, base: Path) -> Path:
