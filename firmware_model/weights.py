@@ -17,10 +17,18 @@ one per :class:`~firmware_model.processor.Firmware` (that is, per device):
   memory are equal. Otherwise SHA-256 digests are computed, lazily, only for weights whose size
   matches a resident one, so a program that shares nothing hashes nothing.
 
+* Streaming (``place(..., stream=True)``): the uploads are started and left in flight, one DMA
+  per weight in the order the program first reads them, each queued behind the previous one;
+  :attr:`Placement.ready` holds their arrival events, which the firmware adds to the
+  dependencies of the kernels that read them. Releasing runs the clock until a program's
+  uploads in flight have landed.
+* Caller-provided memory (``place(..., pinned={tensor: (buffer, offset)})``): those weights
+  are uploaded into the caller's buffer, which is never freed here.
+
 Counters (in ``Firmware.stats()``): ``hbm.weights.bytes``, the resident weight bytes (each
-distinct content once); ``hbm.weights.references``, the weight tensors of loaded programs
-pointing at them; ``hbm.weights.shared_bytes``, the bytes programs did not upload because they
-were resident.
+distinct content once); ``hbm.weights.user_bytes``, those in caller-provided memory;
+``hbm.weights.references``, the weight tensors of loaded programs pointing at them;
+``hbm.weights.shared_bytes``, the bytes programs did not upload because they were resident.
 """
 
 from __future__ import annotations
