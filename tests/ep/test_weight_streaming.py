@@ -74,21 +74,29 @@ def test_kernels_depend_on_their_weights_uploads_and_overlap_them():
     assert matmuls[0].end < max(d.end for d in uploads[-1])
 
 
-def test_a_constant_output_waits_for_its_upload():
-    """An output that is a weight is read back by DMA, which waits for the streamed upload."""
-    value = np.arange(12, dtype=np.float32).reshape(3, 4)
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["c"], ["y"], name="id"),
-         helper.make_node("Relu", ["x"], ["z"], name="relu")], "g",
+def test_constant_outputs_wait_for_their_uploads():
+    """Outputs that are weights are read back by DMA, which waits for the streamed uploads: a
+    partition that only hands out constants (no input, no kernel) starts its output DMAs at
+    once, while the second constant's upload is still queued behind the first's."""
+    c = rng(3).normal(0, 1, (256, 1024)).astype(np.float32)  # 1 MiB
+    graph = helper.make_graph(  # one partition whose two outputs fold to constants
+        [helper.make_node("Neg", ["c"], ["y0"], name="neg0"),
+         helper.make_node("Neg", ["y0"], ["y1"], name="neg1"),
+         helper.make_node("Softsign", ["x"], ["z"], name="soft")], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, (3, 4))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (3, 4)),
-         helper.make_tensor_value_info("z", TensorProto.FLOAT, (3, 4))],
-        initializer=[onnx.numpy_helper.from_array(value, "c")])
+        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, (256, 1024))
+         for i in range(2)] + [helper.make_tensor_value_info("z", TensorProto.FLOAT, (3, 4))],
+        initializer=[onnx.numpy_helper.from_array(c, "c")])
     source = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    session = ep.InferenceSession(source.SerializeToString(), providers=[NPU])
-    y, z = session.run(None, {"x": -value})
-    np.testing.assert_array_equal(y, value)
-    np.testing.assert_array_equal(z, np.zeros_like(value))
+    so = ep.SessionOptions()
+    so.graph_optimization_level = ep.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ep.InferenceSession(source.SerializeToString(), so, providers=[NPU])
+    assert session.get_node_assignment()["neg1"] == NPU
+    x = rng(4).normal(0, 1, (3, 4)).astype(np.float32)
+    y0, y1, z = session.run(None, {"x": x})
+    np.testing.assert_array_equal(y0, -c)
+    np.testing.assert_array_equal(y1, c)
+    np.testing.assert_allclose(z, ort_run(source, {"x": x})[2], rtol=1e-6)
 
 
 @pytest.mark.parametrize("value", ["2", "yes"])
