@@ -60,6 +60,9 @@ class _Weights:
 
     def __init__(self) -> None:
         self._by_digest: dict[bytes, int] = {}
+        self.known: dict[int, bytes] = {}
+        """SHA-256 by ``key`` (the id of a program's weight object) of every weight added, so the
+        graph digests need not hash the weights again."""
         self.pieces: list[Buffer] = []
         self.size = 0
 
@@ -69,7 +72,11 @@ class _Weights:
         new: at ``target`` (the distance the program's layout puts it from its previous weight)
         when that is aligned, free and pads less than ``WEIGHT_MAX_PAD``, else at the next
         aligned offset."""
-        digest = hashlib.sha256(data).digest()
+        digest = self.known.get(key) if key is not None else None
+        if digest is None:
+            digest = hashlib.sha256(data).digest()
+            if key is not None:
+                self.known[key] = digest
         if digest in self._by_digest:
             return 0, self._by_digest[digest]
         offset = L.align_up(self.size, L.WEIGHT_ALIGN)
@@ -106,6 +113,8 @@ class _ExternalWeights(_Weights):
             return super().add(data, target)
         digest = self._digests.get(key) if key is not None else None
         digest = digest or hashlib.sha256(data).hexdigest()
+        if key is not None:
+            self.known[key] = bytes.fromhex(digest)
         file, offset = self._locations[digest]
         if digest not in self._entries:
             self._entries[digest] = len(self._entries)
@@ -243,19 +252,23 @@ class _WeightHashes:
 
     def __init__(self) -> None:
         self.digests: list[bytes] = []
+        self.known: dict[int, bytes] = {}
 
     def add(self, data: Buffer, target: int | None = None,
             key: int | None = None) -> tuple[int, int]:
-        self.digests.append(hashlib.sha256(data).digest())
+        known = self.known.get(key) if key is not None else None
+        self.digests.append(known or hashlib.sha256(data).digest())
         return 0, 0
 
 
-def graph_digest(program: Program) -> str:
+def graph_digest(program: Program, known: dict[int, bytes] | None = None) -> str:
     """The identity of a compiled graph: SHA-256 of its program record (as encoded alone, with
     its own string table), its command stream and the SHA-256 of each of its weights. The same
     program gives the same digest in any binary; any change to what it computes changes it.
-    EPContext nodes record it and loading checks it against the binary's GRAPH_DIGESTS."""
+    EPContext nodes record it and loading checks it against the binary's GRAPH_DIGESTS.
+    ``known`` maps ids of the program's weight objects to SHA-256s computed already."""
     strings, weights, commands = _Strings(), _WeightHashes(), []
+    weights.known = known or {}  # SHA-256s already computed, by id of the weight object
     record = _encode_program(program, strings, weights, commands, 0)  # type: ignore[arg-type]
     digest = hashlib.sha256()
     for part in (program.name.encode("utf-8"), strings.encode(), record, *commands):
@@ -336,7 +349,7 @@ def _layout(programs: Sequence[Program], hardware_architecture: str, config_dige
         commands_size += len(commands[-1])
         graphs += L.GRAPH.pack(strings.add(p.name), 0, len(records), len(record))
         records += record
-        digests += bytes.fromhex(graph_digest(p))
+        digests += bytes.fromhex(graph_digest(p, weights.known))
     sections: list[tuple[L.SectionKind, list[Buffer]]] = [
         (L.SectionKind.STRINGS, [strings.encode()]),
         (L.SectionKind.GRAPHS, [bytes(graphs)]),
