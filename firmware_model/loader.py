@@ -19,10 +19,11 @@ still charged, and the outputs are returned as ``None``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
+import simpy
 
 from npu_sim import dtypes
 from npu_sim.dma import DMA_ALIGNMENT
@@ -286,8 +287,12 @@ def _check_reloc(address: int, nbytes: int, sizes: dict[Region, int], writes: bo
     return ""
 
 
-def load_program(fw: Firmware, program: Program, *, functional: bool = True) -> LoadedProgram:
-    """Validate, allocate, upload weights and relocate; see the module docstring."""
+def load_program(fw: Firmware, program: Program, *, functional: bool = True,
+                 stream: bool = False,
+                 pinned: Mapping[int, tuple[DeviceBuffer, int]] | None = None) -> LoadedProgram:
+    """Validate, allocate, upload weights and relocate; see the module docstring. ``stream``
+    and ``pinned`` are :meth:`~firmware_model.weights.WeightStore.place`'s: weight uploads
+    left in flight (kernels wait for their own weights), weights in caller-provided memory."""
     device = fw.device
     commands = validate(program, cores=device.config.cores, semaphores=len(fw.semaphores),
                         functional=functional)
@@ -296,8 +301,9 @@ def load_program(fw: Firmware, program: Program, *, functional: bool = True) -> 
         if program.arena_bytes:
             loaded.arena = device.malloc(program.arena_bytes)
         if program.weights_bytes:
-            loaded.placement = fw.weights.place(program, shareable=not _reads_region(
-                commands, Region.WEIGHTS))
+            loaded.placement = fw.weights.place(
+                program, shareable=not _reads_region(commands, Region.WEIGHTS),
+                stream=stream, pinned=pinned)
             loaded.weights = loaded.placement.region
     except BaseException:
         loaded.unload()
@@ -372,6 +378,19 @@ class LoadedProgram:
             operand = self._operands[tensor] = (address, t.spec)
         return operand
 
+    def arrivals(self, tensors: Sequence[int]) -> list[simpy.Event]:
+        """The streamed uploads of ``tensors``' weights (what a kernel reading them waits for
+        and names as dependencies), until the first run after which all have landed."""
+        ready = self.placement.ready if self.placement is not None else None
+        if not ready:
+            return []
+        return list(dict.fromkeys(ready[t] for t in tensors if t in ready))
+
+    def _forget_landed(self) -> None:
+        ready = self.placement.ready if self.placement is not None else None
+        for t in [t for t in ready or () if ready[t].processed]:
+            del ready[t]  # landed: later runs need not wait or depend on it
+
     @property
     def relocated_commands(self) -> bytes:
         """The command stream with absolute addresses, as the firmware runs it."""
@@ -388,6 +407,9 @@ class LoadedProgram:
             raise InvalidCommand(_SCOPE, f"program {prog.name!r} was loaded timing-only "
                                          "(functional=False); load it again to compute values")
         host_in = self._host_inputs(inputs, functional)
+        # An output that is a weight (a constant) is read by a DMA, which cannot wait for a
+        # streamed upload: let those land first.
+        fw.weights.settle([e for e in self.arrivals(prog.outputs) if not e.processed])
         host_out = [np.zeros(t.shape, dtypes.to_numpy(t.dtype)) for t in prog.output_descs()]
         used = {c.semaphore for c in self.commands if isinstance(c, (Signal, Wait))}
         fw.reset_semaphores(sorted(used))
@@ -414,6 +436,7 @@ class LoadedProgram:
             start = device.now
             fw.run(stream, queue=queue, program=self, functional=functional)
             self.last_run_cycles = device.now - start
+            self._forget_landed()
         finally:
             for iova in mapped:
                 device.unmap_host(iova)

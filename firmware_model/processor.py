@@ -20,7 +20,7 @@ completion entries back while the completion ring is full (:mod:`firmware_model.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,7 @@ from .weights import WeightStore
 
 if TYPE_CHECKING:
     from npu_sim.device import Device
+    from npu_sim.hbm import DeviceBuffer
 
     from .loader import LoadedProgram
     from .program import Program
@@ -210,11 +211,13 @@ class Firmware:
         """``wait(submit(commands, **kwargs))``."""
         return self.wait(self.submit(commands, **kwargs))
 
-    def load(self, program: Program, *, functional: bool = True) -> LoadedProgram:
-        """Validate ``program``, allocate its regions, upload weights; see :mod:`.loader`."""
+    def load(self, program: Program, *, functional: bool = True, stream: bool = False,
+             pinned: Mapping[int, tuple[DeviceBuffer, int]] | None = None) -> LoadedProgram:
+        """Validate ``program``, allocate its regions, upload weights (``stream``: without
+        waiting; ``pinned``: into caller-provided memory); see :mod:`.loader`."""
         from .loader import load_program
 
-        return load_program(self, program, functional=functional)
+        return load_program(self, program, functional=functional, stream=stream, pinned=pinned)
 
     def stats(self) -> dict[str, Any]:
         """The device's counters plus the firmware's: ``fw.commands`` completed, ``fw.faults``
@@ -309,10 +312,13 @@ class Firmware:
             rec.device_event = ev
         elif isinstance(cmd, Kernel):
             op, inputs, outputs, attrs, cores, node = self._resolve_launch(rec, cmd)
+            # Weight streaming: the kernel also waits for its weights' uploads still in flight
+            # (and its trace record depends on them).
+            arrivals = rec.program.arrivals(rec.program.program.launches[cmd.launch].inputs)
             try:
                 proc = self.device.compute.execute(op, inputs, outputs, attrs, cores=cores,
                                                    node=node, functional=rec.functional,
-                                                   deps=dep_events)
+                                                   deps=dep_events + arrivals)
                 yield proc
             except Exception as exc:  # the kernel is user code: any failure is its fault
                 text = str(exc) if isinstance(exc, NpuSimError) else f"{exc!r}"

@@ -9,11 +9,15 @@ are the weights plus the padding between them; nothing is copied on the host.
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 from typing import TYPE_CHECKING
 
 import numpy as np
+import simpy
 
 from npu_sim.dma import DMA_ALIGNMENT
+from npu_sim.hbm import DeviceBuffer
 
 from .commands import Dma
 from .program import Program
@@ -59,6 +63,76 @@ def upload_weights(fw: Firmware, program: Program, base: int) -> None:
     finally:
         for iova in maps.values():
             device.unmap_host(iova)
+    for data in program.weights.values():
+        drop_resident(data)
+
+
+def stream_weights(fw: Firmware, program: Program, buffer: DeviceBuffer,
+                   after: simpy.Event | None = None) -> tuple[dict[int, simpy.Event],
+                                                              simpy.Event | None]:
+    """Start uploading every weight of ``program`` to ``buffer`` at its offset, without
+    waiting: one asynchronous DMA per weight (chunked by the device at ``dma_chunk_bytes``), in
+    the order the program's launches first read them, each queued behind the previous (and the
+    first behind ``after``), so the channels carry one weight at a time and a run's own DMAs
+    are not stuck behind all of them. Returns each weight tensor's arrival event and the last
+    upload's. A kernel given those events as dependencies starts as soon as its weights are in
+    HBM (weight streaming)."""
+    device = fw.device
+    first_use: dict[int, int] = {}
+    for k, launch in enumerate(program.launches):
+        for t in launch.inputs:
+            first_use.setdefault(t, k)
+    spans: dict[int, tuple[int, np.ndarray]] = {}
+    readers: dict[int, list[int]] = {}  # offset -> weight tensors there
+    for i, data in program.weights.items():
+        host = host_bytes(data)
+        if host.size:
+            offset = program.tensors[i].offset
+            spans.setdefault(offset, (offset + host.size, host))
+            readers.setdefault(offset, []).append(i)
+    order = sorted(spans)
+    runs = _upload_runs(spans, order, {})  # no owners: each weight its own transfer
+    late = len(program.launches)
+
+    def rank(run: tuple[int, np.ndarray]) -> int:
+        start, host = run
+        return min((first_use.get(i, late) for o in order if start <= o < start + host.size
+                    for i in readers[o]), default=late)
+
+    events: dict[int, simpy.Event] = {}
+    last = after
+    for start, host in sorted(runs, key=rank):
+        last = device.memcpy_h2d_async(buffer, host, start, deps=[] if last is None else [last])
+        landed = []
+        for o in order:
+            if start <= o < start + host.size:
+                events.update((i, last) for i in readers[o])
+                landed.extend(program.weights[i] for i in readers[o])
+        last.callbacks.append(lambda _event, views=landed: [drop_resident(v) for v in views])
+    return events, last
+
+
+def drop_resident(data: bytes | bytearray | memoryview) -> None:
+    """Let the OS drop the host pages of ``data`` from this process's resident set, when
+    ``data`` is a read-only view of a file mapping (a context binary, an external weight file)
+    whose bytes have been used (uploaded, checksummed): they stay in the page cache and fault in
+    again if read. Peak host memory of a loaded model is then about one copy of its weights (the
+    device's), not two. Anything else (bytes, arrays, a writable or private mapping, whose pages
+    may hold the only copy) is left alone."""
+    if not isinstance(data, memoryview) or not data.readonly or \
+            not isinstance(data.obj, mmap.mmap) or data.obj.closed:
+        return
+    mapping = data.obj
+    try:
+        base = host_address(np.frombuffer(mapping, np.uint8))
+        start = host_address(host_bytes(data)) - base
+    except (BufferError, TypeError, ValueError):
+        return
+    page = mmap.PAGESIZE
+    lo, hi = -(-start // page) * page, (start + data.nbytes) // page * page
+    if hi > lo:
+        with contextlib.suppress(OSError, ValueError):
+            mapping.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
 def _owner_of(program: Program) -> dict[int, tuple[int, np.ndarray]]:

@@ -17,10 +17,18 @@ one per :class:`~firmware_model.processor.Firmware` (that is, per device):
   memory are equal. Otherwise SHA-256 digests are computed, lazily, only for weights whose size
   matches a resident one, so a program that shares nothing hashes nothing.
 
+* Streaming (``place(..., stream=True)``): the uploads are started and left in flight, one DMA
+  per weight in the order the program first reads them, each queued behind the previous one;
+  :attr:`Placement.ready` holds their arrival events, which the firmware adds to the
+  dependencies of the kernels that read them. Releasing runs the clock until a program's
+  uploads in flight have landed.
+* Caller-provided memory (``place(..., pinned={tensor: (buffer, offset)})``): those weights
+  are uploaded into the caller's buffer, which is never freed here.
+
 Counters (in ``Firmware.stats()``): ``hbm.weights.bytes``, the resident weight bytes (each
-distinct content once); ``hbm.weights.references``, the weight tensors of loaded programs
-pointing at them; ``hbm.weights.shared_bytes``, the bytes programs did not upload because they
-were resident.
+distinct content once); ``hbm.weights.user_bytes``, those in caller-provided memory;
+``hbm.weights.references``, the weight tensors of loaded programs pointing at them;
+``hbm.weights.shared_bytes``, the bytes programs did not upload because they were resident.
 """
 
 from __future__ import annotations
@@ -28,15 +36,18 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
+import simpy
 
+from npu_sim.errors import InvalidCommand
 from npu_sim.hbm import DeviceBuffer
 
 from .program import Program, Region
-from .upload import host_address, host_bytes, upload_weights
+from .upload import host_address, host_bytes, stream_weights, upload_weights
 
 if TYPE_CHECKING:
     from .processor import Firmware
@@ -52,6 +63,8 @@ Key = tuple[int, int]
 class _Block:
     buffer: DeviceBuffer
     users: int = 0
+    owned: bool = True
+    """False for memory the caller provided (``pinned``): used, never freed here."""
 
 
 @dataclass(eq=False)
@@ -64,6 +77,8 @@ class _Resident:
     block: _Block
     users: int = 0
     digest: bytes | None = None
+    ready: simpy.Event | None = None
+    """The arrival of its upload when it was streamed (None: uploaded before placing ended)."""
 
     def sha256(self) -> bytes:
         if self.digest is None:
@@ -82,6 +97,8 @@ class Placement:
     region: DeviceBuffer | None = None
     """The buffer holding the program's whole WEIGHTS region as compiled, when it has one (it
     shares nothing, or loaded first): what a region-relative address resolves against."""
+    ready: dict[int, simpy.Event] = field(default_factory=dict)
+    """Weight tensor -> the arrival of its streamed upload, while it may still be in flight."""
 
 
 class WeightStore:
@@ -94,6 +111,7 @@ class WeightStore:
         self._by_host: dict[tuple[int, int], _Resident] = {}
         self._by_size: dict[int, list[_Resident]] = {}
         self.shared_bytes = 0
+        self._tail: simpy.Event | None = None  # the last streamed upload: the next queues behind
 
     @property
     def firmware(self) -> Firmware:
@@ -104,16 +122,26 @@ class WeightStore:
 
     # -- placing ------------------------------------------------------------------------------
 
-    def place(self, program: Program, *, shareable: bool) -> Placement:
+    def place(self, program: Program, *, shareable: bool, stream: bool = False,
+              pinned: Mapping[int, tuple[DeviceBuffer, int]] | None = None) -> Placement:
         """HBM addresses for every WEIGHTS tensor of ``program``, uploading what is missing.
 
         ``shareable`` is False for a program whose commands read its WEIGHTS region by address
         (a DMA out of it): such a program gets its whole region, laid out as compiled.
+        ``stream``: start the uploads and return without waiting for them (one DMA per weight,
+        in the order of first use; :attr:`Placement.ready` holds their arrival events, which
+        the firmware makes each kernel wait for). ``pinned`` maps weight tensors to memory the
+        caller allocated, ``(buffer, offset)``: they are uploaded there, and the buffer is
+        never allocated or freed here (user-provided device memory).
         """
         device = self.firmware.device
         weights = [i for i, t in enumerate(program.tensors) if t.region == Region.WEIGHTS]
         if not weights:
             return Placement()
+        if pinned and not shareable:
+            raise InvalidCommand("npu.fw.weights", f"program {program.name!r} addresses its "
+                                 "WEIGHTS region as a whole (a DMA out of it), so its weights "
+                                 "cannot live in caller-provided memory")
         if not shareable or any(i not in program.weights for i in weights):
             buffer = device.malloc(program.weights_bytes)  # timing-only or region-addressed
             try:
@@ -135,18 +163,32 @@ class WeightStore:
                 empty.append(i)
         found: dict[Key, _Resident] = {}
         missing: list[Key] = []
+        user: dict[Key, tuple[DeviceBuffer, int]] = {}
         for key, indices in by_offset.items():
-            hit = self._find(host_bytes(program.weights[indices[0]]))
+            host = host_bytes(program.weights[indices[0]])
+            where = next((pinned[i] for i in indices if i in pinned), None) if pinned else None
+            if where is not None:
+                hit = self._by_host.get((host_address(host), host.size))
+                if hit is not None and hit.address == where[0].address + where[1]:
+                    found[key] = hit
+                else:
+                    user[key] = where
+                continue
+            hit = self._find(host)
             if hit is None:
                 missing.append(key)
             else:
                 found[key] = hit
         placement = Placement(dict.fromkeys(empty, 0))
+        before = set(found)
         try:
             if missing:
-                self._upload(program, by_offset, missing, found, placement)
+                self._upload(program, by_offset, missing, found, placement, stream)
+            for key, (buffer, offset) in user.items():
+                found[key] = self._upload_pinned(host_bytes(program.weights[by_offset[key][0]]),
+                                                 buffer, offset, stream)
         except BaseException:
-            self._drop(placement)
+            self._undo([r for k, r in found.items() if k not in before])
             raise
         for key, indices in by_offset.items():
             resident = found[key]
@@ -155,7 +197,9 @@ class WeightStore:
             placement.residents.append(resident)
             for i in indices:
                 placement.addresses[i] = resident.address
-            if key not in missing:
+                if resident.ready is not None and not resident.ready.processed:
+                    placement.ready[i] = resident.ready
+            if key in before:
                 self.shared_bytes += resident.nbytes
         return placement
 
@@ -170,7 +214,7 @@ class WeightStore:
         return next((c for c in candidates if c.sha256() == digest), None)
 
     def _upload(self, program: Program, by_offset: dict[Key, list[int]], missing: list[Key],
-                found: dict[Key, _Resident], placement: Placement) -> None:
+                found: dict[Key, _Resident], placement: Placement, stream: bool) -> None:
         """One block for the missing weights: the program's own layout when nothing of it is
         resident (one coalesced upload, as before), else the missing ones packed."""
         device = self.firmware.device
@@ -191,7 +235,12 @@ class WeightStore:
             staged = dataclasses.replace(
                 program, tensors=tuple(moved.get(i, t) for i, t in enumerate(program.tensors)),
                 weights={by_offset[k][0]: program.weights[by_offset[k][0]] for k in missing})
-            upload_weights(self.firmware, staged, block.buffer.address)
+            if stream:
+                events, self._tail = stream_weights(self.firmware, staged, block.buffer,
+                                                    self._tail)
+            else:
+                events = {}
+                upload_weights(self.firmware, staged, block.buffer.address)
         except BaseException:
             device.free(block.buffer)
             raise
@@ -199,29 +248,64 @@ class WeightStore:
             placement.region = block.buffer
         for key in missing:
             host = host_bytes(program.weights[by_offset[key][0]])
-            resident = _Resident(block.buffer.address + layout[key], host.size, host, block)
+            resident = _Resident(block.buffer.address + layout[key], host.size, host, block,
+                                 ready=events.get(by_offset[key][0]))
             found[key] = resident
-            self._by_host[(host_address(host), host.size)] = resident
-            self._by_size.setdefault(host.size, []).append(resident)
+            self._remember(resident)
+
+    def _upload_pinned(self, host: np.ndarray, buffer: DeviceBuffer, offset: int,
+                       stream: bool) -> _Resident:
+        """One weight into caller-provided memory, streamed or waited for."""
+        ready = self.firmware.device.memcpy_h2d_async(
+            buffer, host, offset, deps=[] if self._tail is None or not stream else [self._tail])
+        if stream:
+            self._tail = ready
+        else:
+            self.settle([ready])
+        resident = _Resident(buffer.address + offset, host.size, host,
+                             _Block(buffer, owned=False), ready=ready if stream else None)
+        self._remember(resident)
+        return resident
+
+    def _remember(self, resident: _Resident) -> None:
+        self._by_host[(host_address(resident.host), resident.nbytes)] = resident
+        self._by_size.setdefault(resident.nbytes, []).append(resident)
+
+    def _undo(self, created: list[_Resident]) -> None:
+        """Forget residents a failed placement created (nobody uses them yet)."""
+        self.settle([r.ready for r in created if r.ready is not None])
+        for resident in created:
+            self._forget(resident)
+            block = resident.block
+            if block.owned and block.users == 0 and not block.buffer.freed:
+                self.firmware.device.free(block.buffer)
+
+    def settle(self, events: list[simpy.Event]) -> None:
+        """Run the clock until every upload in ``events`` has landed (a streamed upload still
+        in flight must not write into memory that is freed or handed back to its owner)."""
+        env = self.firmware.device.env
+        while any(not e.processed for e in events):
+            env.step()
 
     # -- releasing ----------------------------------------------------------------------------
 
     def release(self, placement: Placement) -> None:
-        """Drop a program's references; free every block nobody uses any more."""
+        """Drop a program's references; free every block nobody uses any more (never one the
+        caller provided). Uploads still in flight land first."""
         if placement.private is not None and not placement.private.freed:
             self.firmware.device.free(placement.private)
-        self._drop(placement)
-        placement.addresses.clear()
-
-    def _drop(self, placement: Placement) -> None:
+        self.settle([r.ready for r in placement.residents if r.ready is not None])
         for resident in placement.residents:
             resident.users -= 1
             resident.block.users -= 1
             if resident.users == 0:
                 self._forget(resident)
-            if resident.block.users == 0 and not resident.block.buffer.freed:
-                self.firmware.device.free(resident.block.buffer)
+            block = resident.block
+            if block.users == 0 and block.owned and not block.buffer.freed:
+                self.firmware.device.free(block.buffer)
         placement.residents.clear()
+        placement.addresses.clear()
+        placement.ready.clear()
 
     def _forget(self, resident: _Resident) -> None:
         key = (host_address(resident.host), resident.nbytes)
@@ -242,5 +326,7 @@ class WeightStore:
         for same in self._by_size.values():
             residents.update((id(r), r) for r in same)
         return {"hbm.weights.bytes": sum(r.nbytes for r in residents.values()),
+                "hbm.weights.user_bytes": sum(r.nbytes for r in residents.values()
+                                              if not r.block.owned),
                 "hbm.weights.references": sum(r.users for r in residents.values()),
                 "hbm.weights.shared_bytes": self.shared_bytes}

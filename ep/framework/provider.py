@@ -65,6 +65,14 @@ class CompiledNode(ABC):
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Compute the outputs (in ``FusedNode.outputs`` order) from the inputs (in order)."""
 
+    def instance(self) -> CompiledNode:
+        """Another runnable instance of this node for a session instance
+        (:meth:`~ep.framework.session.InferenceSession.create_instance`): its own activations,
+        the same read-only state (weights). The default is the node itself, right for a node
+        that keeps no state between runs and may run from several threads at once; a node
+        with device memory for its activations returns a new one."""
+        return self
+
 
 @dataclass
 class ProviderContext:
@@ -149,3 +157,8 @@ class ExecutionProvider(ABC):
     def run_stats(self) -> dict[str, Any]:
         """Counters from the last run (simulated cycles, utilization...); empty by default."""
         return {}
+
+    def external_weight_files(self) -> list[Any]:
+        """The weights the provider keeps in external files (each with ``path``, ``size``,
+        ``offset`` and ``id``, like GE's compile summary); none by default."""
+        return []

@@ -108,6 +108,15 @@ class InferenceSession:
         self._profiler.event("model_run", "Session", started)
         return result
 
+    def create_instance(self) -> SessionInstance:
+        """Another inference instance of this compiled model, as PPLNN's
+        ``builder->CreateRuntime()``: it shares the model's weights (one device copy, counted
+        once in ``hbm.weights.bytes``) and has its own activations, so instances run from
+        different threads without waiting on each other's buffers. Each compiled node makes its
+        instance (:meth:`~ep.framework.provider.CompiledNode.instance`)."""
+        nodes = {name: node.instance() for name, node in self._executor.compiled.items()}
+        return SessionInstance(self, PlanExecutor(self._graph, self._plan, nodes))
+
     def get_inputs(self) -> list[NodeArg]:
         """The graph inputs (initializers excluded), in order."""
         return [node_arg(self._graph, name) for name in self._graph.inputs]
@@ -168,6 +177,12 @@ class InferenceSession:
                  "inputs": list(p.inputs), "outputs": list(p.outputs)}
                 for p in self._plan.partitions]
 
+    def get_external_weight_files(self) -> list[Any]:
+        """Every provider's external weight files after compiling or loading, in provider
+        order: entries with ``path``, ``size``, ``offset`` and ``id`` (GE's
+        ``CompiledGraphSummary::GetExternalWeightPaths``); see ``docs/epcontext.md``."""
+        return [item for p in self._providers for item in p.external_weight_files()]
+
     def get_run_stats(self) -> dict[str, Any]:
         """Counters from the last run: per provider its ``run_stats()`` (simulated cycles,
         microseconds and engine utilization for the NPU), plus wall time per partition."""
@@ -184,6 +199,28 @@ class InferenceSession:
 
 
 # -- loading, feeds, profiling ---------------------------------------------------------------
+
+
+class SessionInstance:
+    """An inference instance made by :meth:`InferenceSession.create_instance`: ``run`` as the
+    session's (partial runs included), its own activations, the session's weights."""
+
+    def __init__(self, session: InferenceSession, executor: PlanExecutor) -> None:
+        self.session = session
+        self._executor = executor
+
+    def run(self, output_names: Sequence[str] | None,
+            input_feed: Mapping[str, Any]) -> list[np.ndarray]:
+        """Compute ``output_names`` (None or empty: every output) from ``input_feed``."""
+        return self._executor.run(input_feed, output_names or None)
+
+    def get_inputs(self) -> list[NodeArg]:
+        """The session's inputs."""
+        return self.session.get_inputs()
+
+    def get_outputs(self) -> list[NodeArg]:
+        """The session's outputs."""
+        return self.session.get_outputs()
 
 
 @dataclass(frozen=True)
@@ -214,6 +251,9 @@ class _TimedNode(CompiledNode):
     def __init__(self, inner: CompiledNode, name: str, provider: str,
                  profiler: Profiler) -> None:
         self.inner, self.name, self.provider, self.profiler = inner, name, provider, profiler
+
+    def instance(self) -> CompiledNode:
+        return _TimedNode(self.inner.instance(), self.name, self.provider, self.profiler)
 
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         started = time.perf_counter()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .binary_layout import ContextHeader, SectionEntry, SectionKind
 from .binary_reader import ContextBinary, WeightsSummary
-from .binary_writer import graph_digest, pack_context, write_context_binary
+from .binary_writer import graph_digest, pack_context, pack_context_listing, write_context_binary
 
 __all__ = [
     "ContextBinary",
@@ -26,5 +26,6 @@ __all__ = [
     "WeightsSummary",
     "graph_digest",
     "pack_context",
+    "pack_context_listing",
     "write_context_binary",
 ]

@@ -63,7 +63,12 @@ TENSOR = struct.Struct("<IBBHQ")
 """name string id, dtype code, region, rank, offset; followed by ``rank`` u64 dimensions."""
 
 WEIGHT = struct.Struct("<IIQQ")
-"""tensor index, reserved, blob offset in WEIGHTS, blob length."""
+"""tensor index, source (0: WEIGHTS; k >= 1: entry k - 1 of EXTERNAL_WEIGHTS, format 2.2), blob
+offset (in WEIGHTS, or in the external file), blob length."""
+
+EXTERNAL = struct.Struct("<IIQQ32s")
+"""EXTERNAL_WEIGHTS entry (format 2.2): file string id (path relative to the binary's folder),
+reserved, offset in the file, length, SHA-256 of the weight's bytes."""
 
 LAUNCH = struct.Struct("<IIHHI")
 """op string id, node string id, input count, output count, attribute count; followed by
@@ -87,10 +92,13 @@ class SectionKind(IntEnum):
     WEIGHTS = 5
     WEIGHT_CHECKSUMS = 6
     GRAPH_DIGESTS = 7
+    EXTERNAL_WEIGHTS = 8
 
 
-REQUIRED_SECTIONS = tuple(k for k in SectionKind if k != SectionKind.GRAPH_DIGESTS)
-"""Kinds 1-6; GRAPH_DIGESTS (format 2.1) is optional, so 2.0 files still read."""
+REQUIRED_SECTIONS = tuple(k for k in SectionKind
+                          if k not in (SectionKind.GRAPH_DIGESTS, SectionKind.EXTERNAL_WEIGHTS))
+"""Kinds 1-6; GRAPH_DIGESTS (format 2.1) and EXTERNAL_WEIGHTS (2.2) are optional, so older
+files still read."""
 
 DIGEST_SIZE = 32
 """GRAPH_DIGESTS section: u32 count (the graph count), then one SHA-256 per graph in GRAPHS

@@ -24,13 +24,16 @@ import struct
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 
 from ep.errors import InvalidGraph
 from firmware_model.program import Program
+from firmware_model.upload import drop_resident
 
 from . import binary_layout as L
 from .binary_records import Decoder
+from .external_weights import ExternalFiles, ExternalWeightFile, open_external
 from .version import FORMAT_VERSION, SDK_VERSION, sdk_major
 
 
@@ -234,6 +237,14 @@ def _weight_blocks(view: memoryview, section: int, weights: L.SectionEntry,
             for i, crc in enumerate(crcs)]
 
 
+def _crc32_then_drop(block: memoryview) -> int:
+    """The CRC-32 of a weights block; a mapped block's pages then leave the resident set (they
+    stay in the page cache): opening a binary does not hold its weights in memory twice."""
+    crc = zlib.crc32(block)
+    drop_resident(block)
+    return crc
+
+
 class ContextBinary:
     """A validated context binary: its header, section table and one program per graph.
 
@@ -245,11 +256,14 @@ class ContextBinary:
     def __init__(self, data: bytes | bytearray | memoryview, *,
                  expected_architecture: str | None = None,
                  expected_config_digest: str | None = None, source: str = "<bytes>",
+                 external_folder: str | os.PathLike[str] | None = None,
                  _mapping: mmap.mmap | None = None) -> None:
         self.source = source
         self._mapping = _mapping
         self._closed = False
         view = memoryview(data).cast("B").toreadonly()
+        external_folder = None if external_folder is None else Path(external_folder)
+        self._external = ExternalFiles()
         self.header = _parse_header(view, expected_architecture, expected_config_digest)
         self.sections = _parse_sections(view, self.header)
         by_kind: dict[L.SectionKind, L.SectionEntry] = {}
@@ -265,11 +279,16 @@ class ContextBinary:
         blocks = _weight_blocks(view, self.sections.index(weights), weights,
                                 by_kind[L.SectionKind.WEIGHT_CHECKSUMS])
         decoder = Decoder(view, by_kind)
+        self._external = open_external(decoder.external_refs(), external_folder)
+        decoder.external = self._external.views
+        self.external_weights = list(self._external.listing)
+        """Every external weight the binary refers to (path, size, offset, id), in its order."""
         with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
             # The weights' blocks are verified while the records are decoded; a bad block is
             # reported first (checksums come before records), and nothing is returned before
             # every block is verified.
-            checks = [pool.submit(zlib.crc32, view[block.start : block.end]) for block in blocks]
+            checks = [pool.submit(_crc32_then_drop, view[block.start : block.end])
+                      for block in blocks]
             try:
                 programs = decoder.graphs()
             finally:
@@ -278,21 +297,25 @@ class ContextBinary:
                 if bad is not None:
                     raise bad.error(checks[blocks.index(bad)].result()) from None
         self._programs = programs
+        self._sources = decoder.sources
         self._digests = decoder.digests(list(programs))
         self.weights_summary = WeightsSummary(
             blobs=len(decoder.blobs), references=len(decoder.references),
             referenced_bytes=sum(decoder.references),
-            distinct_bytes=sum(length for _, length in decoder.blobs),
+            distinct_bytes=sum(length for _, _, length in decoder.blobs),
             section_bytes=by_kind[L.SectionKind.WEIGHTS].length,
         )
 
     @classmethod
     def from_bytes(cls, data: bytes | bytearray | memoryview, *,
                    expected_architecture: str | None = None,
-                   expected_config_digest: str | None = None) -> ContextBinary:
-        """Validate and wrap a binary held in memory (weights become views into ``data``)."""
+                   expected_config_digest: str | None = None,
+                   external_folder: str | os.PathLike[str] | None = None) -> ContextBinary:
+        """Validate and wrap a binary held in memory (weights become views into ``data``, or
+        into its external weight files, found relative to ``external_folder``)."""
         return cls(data, expected_architecture=expected_architecture,
-                   expected_config_digest=expected_config_digest)
+                   expected_config_digest=expected_config_digest,
+                   external_folder=external_folder)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, expected_architecture: str | None = None,
@@ -312,7 +335,8 @@ class ContextBinary:
         try:
             return cls(mapping if mapping is not None else b"", source=os.fspath(path),
                        expected_architecture=expected_architecture,
-                       expected_config_digest=expected_config_digest, _mapping=mapping)
+                       expected_config_digest=expected_config_digest,
+                       external_folder=Path(path).parent, _mapping=mapping)
         except BaseException:
             _release(mapping)
             raise
@@ -339,6 +363,12 @@ class ContextBinary:
         self._check_open()
         return self._digests.get(name)
 
+    def external_weights_of(self, name: str) -> dict[int, ExternalWeightFile]:
+        """The weights of graph ``name`` kept in external files: tensor index -> its file,
+        size, offset and id (empty when its weights are in the binary)."""
+        self._check_open()
+        return {t: self.external_weights[k] for t, k in self._sources.get(name, {}).items()}
+
     def programs(self) -> list[Program]:
         """Every program, in file order."""
         self._check_open()
@@ -350,6 +380,7 @@ class ContextBinary:
         self._programs = {}
         mapping, self._mapping = self._mapping, None
         _release(mapping)
+        self._external.close()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -18,6 +18,7 @@ from npu_sim import dtypes
 from npu_sim.errors import ConfigError
 
 from . import binary_layout as L
+from .external_weights import ExternalRef
 
 
 class _Cursor:
@@ -92,8 +93,29 @@ class Decoder:
         self.graphs_view = body(L.SectionKind.GRAPHS)
         self.digests_view = body(L.SectionKind.GRAPH_DIGESTS) \
             if L.SectionKind.GRAPH_DIGESTS in sections else None
-        self.blobs: set[tuple[int, int]] = set()  # distinct (offset, length) references
+        self.external_view = body(L.SectionKind.EXTERNAL_WEIGHTS) \
+            if L.SectionKind.EXTERNAL_WEIGHTS in sections else None
+        self.external: list[memoryview] = []  # views of the EXTERNAL_WEIGHTS entries' bytes
+        self.external_refs_cache: list[ExternalRef] = []
+        self.sources: dict[str, dict[int, int]] = {}  # graph -> tensor -> external entry
+        self.blobs: set[tuple[int, int, int]] = set()  # distinct (source, offset, length)
         self.references: list[int] = []
+
+    def external_refs(self) -> list[ExternalRef]:
+        """The EXTERNAL_WEIGHTS entries (format 2.2; none in older files)."""
+        if self.external_view is None:
+            return []
+        cur = _Cursor(self.external_view, "section external_weights")
+        (count,) = cur.take(L.COUNT, "entry count")
+        cur.need(count * L.EXTERNAL.size, f"{count} entries")
+        refs = []
+        for i in range(count):
+            file_id, _, offset, length, digest = cur.take(L.EXTERNAL, f"entry {i}")
+            file = self.string(file_id, f"section external_weights, entry {i}")
+            refs.append(ExternalRef(file, offset, length, digest))
+        cur.finish()
+        self.external_refs_cache = refs
+        return refs
 
     def string(self, index: int, where: str) -> str:
         if index >= len(self.strings):
@@ -160,13 +182,18 @@ class Decoder:
         cur.need(n_weights * L.WEIGHT.size, f"{n_weights} weights")
         weights = {}
         for _ in range(n_weights):
-            index, _, offset, length = cur.take(L.WEIGHT, "weight entry")
+            index, source, offset, length = cur.take(L.WEIGHT, "weight entry")
             if index >= n_tensors or index in weights:
                 raise InvalidGraph(
                     f"{cur.where}: weight tensor index {index} is out of range [0, {n_tensors}) "
                     "or repeated"
                 )
-            weights[index] = self.blob(offset, length, f"{cur.where}, weight of tensor {index}")
+            where = f"{cur.where}, weight of tensor {index}"
+            if source == 0:
+                weights[index] = self.blob(offset, length, where)
+            else:
+                weights[index] = self.external_blob(source, offset, length, where)
+                self.sources.setdefault(name, {})[index] = source - 1
         cur.need(n_launches * L.LAUNCH.size, f"{n_launches} launches")
         launches = tuple(self.launch(cur, i, n_tensors) for i in range(n_launches))
         cur.finish()
@@ -183,9 +210,22 @@ class Decoder:
                 f"{where}: blob at {offset} with length {length} must start at a multiple of "
                 f"{L.WEIGHT_ALIGN} and end by {len(self.weights_view)} (weights section size)"
             )
-        self.blobs.add((offset, length))
+        self.blobs.add((0, offset, length))
         self.references.append(length)
         return self.weights_view[offset : offset + length]
+
+    def external_blob(self, source: int, offset: int, length: int, where: str) -> memoryview:
+        """Weight in external file entry ``source - 1``; offset and length must be the entry's."""
+        refs = self.external_refs_cache
+        if not 1 <= source <= len(refs) or (refs[source - 1].offset, refs[source - 1].length) \
+                != (offset, length):
+            raise InvalidGraph(
+                f"{where}: source {source} at {offset} with length {length} names no external "
+                f"weight; expected 0 (weights section) or an entry in [1, {len(refs)}] with the "
+                "entry's offset and length")
+        self.blobs.add((source, offset, length))
+        self.references.append(length)
+        return self.external[source - 1]
 
     def tensor(self, cur: _Cursor, i: int) -> TensorDesc:
         name_id, dtype_code, region, rank, offset = cur.take(L.TENSOR, f"tensor {i}")

@@ -19,6 +19,7 @@ import struct
 import zlib
 from collections.abc import Sequence
 from numbers import Integral, Real
+from pathlib import Path
 
 from ep.errors import InvalidArgument
 from ep.framework.files import atomic_write
@@ -27,6 +28,7 @@ from npu_sim import dtypes
 from npu_sim.errors import ConfigError
 
 from . import binary_layout as L
+from .external_weights import ExternalSpec, ExternalWeightFile, WeightWriter
 from .version import FORMAT_VERSION, SDK_VERSION
 
 Buffer = bytes | bytearray | memoryview
@@ -58,16 +60,25 @@ class _Weights:
 
     def __init__(self) -> None:
         self._by_digest: dict[bytes, int] = {}
+        self.known: dict[int, bytes] = {}
+        """SHA-256 by ``key`` (the id of a program's weight object) of every weight added, so the
+        graph digests need not hash the weights again."""
         self.pieces: list[Buffer] = []
         self.size = 0
 
-    def add(self, data: Buffer, target: int | None = None) -> int:
-        """The offset of ``data``'s blob, added if new: at ``target`` (the distance the program's
-        layout puts it from its previous weight) when that is aligned, free and pads less than
-        ``WEIGHT_MAX_PAD``, else at the next aligned offset."""
-        digest = hashlib.sha256(data).digest()
+    def add(self, data: Buffer, target: int | None = None,
+            key: int | None = None) -> tuple[int, int]:
+        """``(source, offset)`` of ``data``'s blob: source 0 (WEIGHTS) and its offset, added if
+        new: at ``target`` (the distance the program's layout puts it from its previous weight)
+        when that is aligned, free and pads less than ``WEIGHT_MAX_PAD``, else at the next
+        aligned offset."""
+        digest = self.known.get(key) if key is not None else None
+        if digest is None:
+            digest = hashlib.sha256(data).digest()
+            if key is not None:
+                self.known[key] = digest
         if digest in self._by_digest:
-            return self._by_digest[digest]
+            return 0, self._by_digest[digest]
         offset = L.align_up(self.size, L.WEIGHT_ALIGN)
         if target is not None and target % L.WEIGHT_ALIGN == 0 and \
                 offset <= target < self.size + L.WEIGHT_MAX_PAD:
@@ -77,8 +88,44 @@ class _Weights:
         self.pieces.append(data)
         self.size = offset + len(data)
         self._by_digest[digest] = offset
-        return offset
+        return 0, offset
 
+
+class _ExternalWeights(_Weights):
+    """The weights blob of a binary whose weights live in external files: each non-empty weight
+    is an EXTERNAL_WEIGHTS entry (its file and offset fixed by :class:`WeightWriter` before the
+    layout); empty ones stay in WEIGHTS (a file of 0 bytes would hold nothing to check)."""
+
+    def __init__(self, locations: dict[str, tuple[str, int]], digests: dict[int, str],
+                 strings: _Strings, base: Path) -> None:
+        super().__init__()
+        self._base = base
+        self._locations = locations
+        self._digests = digests  # id of a program's weight buffer -> its sha256 (hex)
+        self._strings = strings
+        self._entries: dict[str, int] = {}  # sha256 -> entry index
+        self.table = bytearray()
+        self.listing: list[ExternalWeightFile] = []
+
+    def add(self, data: Buffer, target: int | None = None,
+            key: int | None = None) -> tuple[int, int]:
+        if not len(data):
+            return super().add(data, target)
+        digest = self._digests.get(key) if key is not None else None
+        digest = digest or hashlib.sha256(data).hexdigest()
+        if key is not None:
+            self.known[key] = bytes.fromhex(digest)
+        file, offset = self._locations[digest]
+        if digest not in self._entries:
+            self._entries[digest] = len(self._entries)
+            self.table += L.EXTERNAL.pack(self._strings.add(file), 0, offset, len(data),
+                                          bytes.fromhex(digest))
+            self.listing.append(ExternalWeightFile(str(self._base / file), len(data), offset,
+                                                   digest))
+        return self._entries[digest] + 1, offset
+
+    def section(self) -> bytes:
+        return L.COUNT.pack(len(self._entries)) + bytes(self.table)
 
 def _pack(layout: struct.Struct, *values: object, what: str) -> bytes:
     try:
@@ -185,13 +232,15 @@ def _encode_program(p: Program, strings: _Strings, weights: _Weights,
             raise InvalidArgument(
                 f"{what} weight of tensor {index}: expected bytes, got {type(data).__name__}"
             )
-        data = memoryview(data).cast("B")
+        view = memoryview(data).cast("B")
         at = p.tensors[index].offset
-        blob = weights.add(data, None if previous is None else previous[1] + at - previous[0])
-        placed[index] = (blob, len(data))
-        previous = (at, blob)
+        source, blob = weights.add(view, None if previous is None else
+                                   previous[1] + at - previous[0], key=id(data))
+        placed[index] = (source, blob, len(view))
+        if source == 0:
+            previous = (at, blob)
     for index in sorted(placed):
-        out += L.WEIGHT.pack(index, 0, *placed[index])
+        out += L.WEIGHT.pack(index, *placed[index])
     for i, launch in enumerate(p.launches):
         out += _encode_launch(launch, n, strings, f"{what} launch {i}")
     return bytes(out)
@@ -203,18 +252,23 @@ class _WeightHashes:
 
     def __init__(self) -> None:
         self.digests: list[bytes] = []
+        self.known: dict[int, bytes] = {}
 
-    def add(self, data: Buffer, target: int | None = None) -> int:
-        self.digests.append(hashlib.sha256(data).digest())
-        return 0
+    def add(self, data: Buffer, target: int | None = None,
+            key: int | None = None) -> tuple[int, int]:
+        known = self.known.get(key) if key is not None else None
+        self.digests.append(known or hashlib.sha256(data).digest())
+        return 0, 0
 
 
-def graph_digest(program: Program) -> str:
+def graph_digest(program: Program, known: dict[int, bytes] | None = None) -> str:
     """The identity of a compiled graph: SHA-256 of its program record (as encoded alone, with
     its own string table), its command stream and the SHA-256 of each of its weights. The same
     program gives the same digest in any binary; any change to what it computes changes it.
-    EPContext nodes record it and loading checks it against the binary's GRAPH_DIGESTS."""
+    EPContext nodes record it and loading checks it against the binary's GRAPH_DIGESTS.
+    ``known`` maps ids of the program's weight objects to SHA-256s computed already."""
     strings, weights, commands = _Strings(), _WeightHashes(), []
+    weights.known = known or {}  # SHA-256s already computed, by id of the weight object
     record = _encode_program(program, strings, weights, commands, 0)  # type: ignore[arg-type]
     digest = hashlib.sha256()
     for part in (program.name.encode("utf-8"), strings.encode(), record, *commands):
@@ -252,9 +306,26 @@ def _block_checksums(pieces: Sequence[Buffer], block: int) -> bytes:
     return L.CHECKSUMS_HEAD.pack(block, len(crcs)) + struct.pack(f"<{len(crcs)}I", *crcs)
 
 
+def _external(programs: Sequence[Program], spec: ExternalSpec,
+              strings: _Strings) -> _ExternalWeights:
+    """Write the programs' non-empty weights to the weight folder (:class:`WeightWriter`) and
+    return the weights blob that refers to them."""
+    writer = WeightWriter(spec)
+    digests: dict[int, str] = {}
+    for p in programs:
+        for data in p.weights.values():
+            if id(data) not in digests and isinstance(data, (bytes, bytearray, memoryview)):
+                view = memoryview(data).cast("B")
+                if len(view):
+                    digests[id(data)] = writer.add(view)
+    return _ExternalWeights(writer.commit(), digests, strings, spec.binary_folder)
+
+
 def _layout(programs: Sequence[Program], hardware_architecture: str, config_digest: str,
-            sdk_version: str, weights_block: int = L.WEIGHTS_BLOCK) -> list[Buffer]:
-    """The file as a list of pieces whose concatenation is the binary."""
+            sdk_version: str, weights_block: int = L.WEIGHTS_BLOCK,
+            external: ExternalSpec | None = None) -> tuple[list[Buffer], list[ExternalWeightFile]]:
+    """The file as a list of pieces whose concatenation is the binary, and the external
+    weights it refers to (with ``external``, after writing them)."""
     if not isinstance(weights_block, int) or not L.MIN_BLOCK <= weights_block <= L.MAX_BLOCK \
             or weights_block & (weights_block - 1):
         raise InvalidArgument(f"weights_block {weights_block!r} must be a power of two in "
@@ -262,7 +333,8 @@ def _layout(programs: Sequence[Program], hardware_architecture: str, config_dige
     arch = _header_text(hardware_architecture, 128, "hardware_architecture")
     digest = _header_text(config_digest, 64, "config_digest")
     sdk = _header_text(sdk_version, 32, "sdk_version")
-    strings, weights = _Strings(), _Weights()
+    strings = _Strings()
+    weights = _Weights() if external is None else _external(programs, external, strings)
     commands: list[bytes] = []
     commands_size = 0
     graphs = bytearray(L.GRAPH_COUNT.pack(len(programs)))
@@ -277,7 +349,7 @@ def _layout(programs: Sequence[Program], hardware_architecture: str, config_dige
         commands_size += len(commands[-1])
         graphs += L.GRAPH.pack(strings.add(p.name), 0, len(records), len(record))
         records += record
-        digests += bytes.fromhex(graph_digest(p))
+        digests += bytes.fromhex(graph_digest(p, weights.known))
     sections: list[tuple[L.SectionKind, list[Buffer]]] = [
         (L.SectionKind.STRINGS, [strings.encode()]),
         (L.SectionKind.GRAPHS, [bytes(graphs)]),
@@ -287,6 +359,8 @@ def _layout(programs: Sequence[Program], hardware_architecture: str, config_dige
         (L.SectionKind.WEIGHT_CHECKSUMS, [_block_checksums(weights.pieces, weights_block)]),
         (L.SectionKind.GRAPH_DIGESTS, [bytes(digests)]),
     ]
+    if isinstance(weights, _ExternalWeights):
+        sections.append((L.SectionKind.EXTERNAL_WEIGHTS, [weights.section()]))
     table_offset = L.HEADER_SIZE
     position = table_offset + L.SECTION.size * len(sections)
     body: list[Buffer] = []
@@ -307,32 +381,50 @@ def _layout(programs: Sequence[Program], hardware_architecture: str, config_dige
     L.HEADER.pack_into(header, 0, L.MAGIC, *FORMAT_VERSION, L.HEADER_SIZE, 0, len(sections),
                        table_offset, position, sdk, arch, digest, zlib.crc32(table))
     struct.pack_into("<I", header, L.HEADER_CRC_OFFSET, zlib.crc32(header))
-    return [bytes(header), bytes(table), *body]
+    listing = weights.listing if isinstance(weights, _ExternalWeights) else []
+    return [bytes(header), bytes(table), *body], listing
 
 
 def pack_context(programs: Sequence[Program], *, hardware_architecture: str,
                  config_digest: str = "", sdk_version: str = SDK_VERSION,
-                 weights_block: int = L.WEIGHTS_BLOCK) -> bytes:
+                 weights_block: int = L.WEIGHTS_BLOCK,
+                 external: ExternalSpec | None = None) -> bytes:
     """Encode ``programs`` (one per graph, distinct names) into a context binary.
 
     ``hardware_architecture`` is the device config name the programs were compiled for (readers
     may require it to match); ``config_digest`` the :attr:`DeviceConfig.digest` of that config.
     ``weights_block`` is the block size of the weights' checksums (a power of two).
+    With ``external`` the weights are written to its folder (:mod:`ep.npusim.external_weights`)
+    and the binary refers to them.
     """
     return b"".join(_layout(programs, hardware_architecture, config_digest, sdk_version,
-                            weights_block))
+                            weights_block, external)[0])
+
+
+def pack_context_listing(programs: Sequence[Program], *, hardware_architecture: str,
+                         config_digest: str = "", external: ExternalSpec | None = None,
+                         ) -> tuple[bytes, list[ExternalWeightFile]]:
+    """:func:`pack_context`, and the external weights the bytes refer to."""
+    pieces, listing = _layout(programs, hardware_architecture, config_digest, SDK_VERSION,
+                              external=external)
+    return b"".join(pieces), listing
 
 
 def write_context_binary(path: str | os.PathLike[str], programs: Sequence[Program], *,
                          hardware_architecture: str, config_digest: str = "",
-                         sdk_version: str = SDK_VERSION) -> None:
+                         sdk_version: str = SDK_VERSION,
+                         external: ExternalSpec | None = None) -> list[ExternalWeightFile]:
     """Write ``programs`` as a context binary at ``path``, atomically.
 
     The bytes go to a temporary file in the same folder, which is fsynced and then renamed over
     ``path``; on any error the temporary file is removed and ``path`` is left as it was.
+    With ``external`` the weights go to external files first (their folder keeps what it wrote:
+    content-addressed, listed in its meta.json, harmless); returns those weights.
     """
-    pieces = _layout(programs, hardware_architecture, config_digest, sdk_version)
+    pieces, listing = _layout(programs, hardware_architecture, config_digest, sdk_version,
+                              external=external)
     atomic_write(path, pieces)
+    return listing
 
 
-__all__ = ["graph_digest", "pack_context", "write_context_binary"]
+__all__ = ["graph_digest", "pack_context", "pack_context_listing", "write_context_binary"]

@@ -41,7 +41,8 @@ from ..errors import Fail, InvalidGraph
 from ..framework import epcontext as E
 from ..framework.graph import GraphView
 from ..framework.provider import ComputeCapability, FusedNode, ProviderContext
-from .binary import ContextBinary, graph_digest, pack_context, write_context_binary
+from .binary import ContextBinary, graph_digest, pack_context_listing, write_context_binary
+from .external_weights import ExternalSpec, ExternalWeightFile
 from .shared import EP_SHORT_NAME, SharedWorkspace, Staged
 from .version import SDK_VERSION, sdk_major
 
@@ -68,14 +69,15 @@ def is_context_fused(fused: FusedNode) -> bool:
 
 def make_context_nodes(
     compiled: Sequence[tuple[FusedNode, Program]], context: ProviderContext,
-    config: DeviceConfig,
-) -> list[onnx.NodeProto]:
-    """The EPContext nodes for freshly compiled partitions (writes the binary in embed mode 0).
+    config: DeviceConfig, external: ExternalSpec | None = None,
+) -> tuple[list[onnx.NodeProto], list[ExternalWeightFile]]:
+    """The EPContext nodes for freshly compiled partitions (writes the binary in embed mode 0),
+    and the external weights the binary refers to (``external``: written to their folder).
 
     Program names are the fused node names, so graphs in the binary carry the name prefix.
     """
     if not compiled:
-        return []
+        return [], []
     settings = E.generation_settings(context)
     programs = [program for _, program in compiled]
     names = [p.name for p in programs]
@@ -83,8 +85,8 @@ def make_context_nodes(
         raise InvalidGraph(f"program names {names} differ from the fused node names "
                            f"{[f.name for f, _ in compiled]}")
     if settings.embed_mode == 1:
-        payload = pack_context(programs, hardware_architecture=config.name,
-                               config_digest=config.digest)
+        payload, listing = pack_context_listing(programs, hardware_architecture=config.name,
+                                                config_digest=config.digest, external=external)
         size = len(payload)
         cache_main: bytes | str = payload
         cache_other: bytes | str = b""
@@ -92,12 +94,12 @@ def make_context_nodes(
         path = settings.binary_path(EP_SHORT_NAME)
         if path.exists():
             raise existing_binary_error(path)
-        write_context_binary(path, programs, hardware_architecture=config.name,
-                             config_digest=config.digest)
+        listing = write_context_binary(path, programs, hardware_architecture=config.name,
+                                       config_digest=config.digest, external=external)
         size = path.stat().st_size
         relative = path.name
         cache_main = cache_other = relative
-    return _nodes(compiled, settings, config, cache_main, cache_other, size)
+    return _nodes(compiled, settings, config, cache_main, cache_other, size), listing
 
 
 def existing_binary_error(path: Path) -> Fail:
@@ -109,6 +111,7 @@ def existing_binary_error(path: Path) -> Fail:
 def make_shared_context_nodes(
     compiled: Sequence[tuple[FusedNode, Program]], context: ProviderContext,
     config: DeviceConfig, shared: SharedWorkspace, *, stop: bool,
+    external: ExternalSpec | None = None,
 ) -> tuple[list[onnx.NodeProto], Staged]:
     """The EPContext nodes of a session in a weight-sharing group (``ep.share_ep_contexts=1``,
     embed mode 0), and its programs staged in ``shared`` (commit or abort them once the
@@ -122,7 +125,7 @@ def make_shared_context_nodes(
     programs = [program for _, program in compiled]
     staged = shared.stage(settings.output_path, settings.binary_path(EP_SHORT_NAME), programs,
                           hardware_architecture=config.name, config_digest=config.digest,
-                          stop=stop)
+                          stop=stop, external=external)
     relative = staged.binary_path.name
     return _nodes(compiled, settings, config, relative, relative, 0), staged
 
@@ -168,6 +171,16 @@ def _check_node(info: E.EpContextNode, config: DeviceConfig) -> None:
                            "Use the matching device option or regenerate.")
 
 
+def _folder_or_none(context: ProviderContext) -> Path | None:
+    """The EPContext model's folder, where an embedded binary's external weights are found;
+    None when a model from bytes has no ``ep.context_file_path`` (the binary then says so if
+    it has external weights)."""
+    try:
+        return E.context_folder(context)
+    except InvalidGraph:
+        return None
+
+
 Acquire = Callable[[Path, Iterable[str], Callable[[Path], ContextBinary]], ContextBinary]
 """How a session with ``ep.share_ep_contexts=1`` gets a binary file: through the workspace
 (:meth:`~ep.npusim.shared.SharedWorkspace.acquire_binary`)."""
@@ -183,7 +196,8 @@ def _open(info: E.EpContextNode, context: ProviderContext, config: DeviceConfig,
                                    "embed_mode=1 but ep_cache_context holds no payload")
             return ContextBinary.from_bytes(info.ep_cache_context,
                                             expected_architecture=config.name,
-                                            expected_config_digest=config.digest)
+                                            expected_config_digest=config.digest,
+                                            external_folder=_folder_or_none(context))
         path = E.resolve_context_file(info.ep_cache_context, E.context_folder(context),
                                       node=info.name)
         if path not in opened:

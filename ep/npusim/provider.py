@@ -35,8 +35,9 @@ import onnx
 
 from firmware_model import Program
 from npu_sim.config import PRESETS, DeviceConfig
+from npu_sim.device import Device
 from npu_sim.errors import ConfigError, NpuSimError
-from npu_sim.hbm import ALLOCATORS
+from npu_sim.hbm import ALLOCATORS, DeviceBuffer
 from npu_sim.trace import Recording, Trace
 
 from .. import errors
@@ -58,11 +59,13 @@ from ..framework.provider import (
 from . import epcontext as npu_epcontext
 from .capability import get_npu_capability
 from .compiler import CompileReport, compile_partition
+from .external_weights import DEFAULT_FOLDER, ExternalWeightFile, external_spec
 from .runtime import NpuRuntime, NpuSimCompiledNode, combine_stats
 from .shared import Staged, workspace
 from .version import SDK_VERSION
 
-OPTION_KEYS = ("device", "functional", "allocator")
+OPTION_KEYS = ("device", "functional", "allocator", "external_weights",
+               "external_weights_folder", "weight_streaming")
 
 
 class NpuSimExecutionProvider(ExecutionProvider):
@@ -71,13 +74,40 @@ class NpuSimExecutionProvider(ExecutionProvider):
     type = "NpuSimExecutionProvider"
     shares_ep_contexts = True
 
-    def __init__(self, context: ProviderContext | None = None) -> None:
+    def __init__(self, context: ProviderContext | None = None, *, device: Device | None = None,
+                 weight_memory: Mapping[str, DeviceBuffer] | None = None) -> None:
+        """``device``: run on this device instead of creating one (its config is the
+        provider's); ``weight_memory``: external weight file name -> a buffer the caller
+        allocated on ``device`` for it (see :meth:`set_external_weight_address`)."""
+        self._user_device = device
+        self._weight_memory: dict[str, DeviceBuffer] = {}
+        for name, buffer in (weight_memory or {}).items():
+            self.set_external_weight_address(name, buffer)
         super().__init__(context)
+
+    def set_external_weight_address(self, file_name: str, buffer: DeviceBuffer) -> None:
+        """Use ``buffer`` (allocated by the caller with ``device.malloc`` on the provider's
+        device, at least the file's size) for the weights of external weight file
+        ``file_name`` (``weight_<sha256>`` or ``<model>_weight_combined``), like
+        ``aclmdlSetExternalWeightAddress``: each weight goes to the buffer at its offset in the
+        file, and the buffer is never allocated or freed by the session. Call it before the
+        session loads the EPContext model; a buffer smaller than the file is
+        ``InvalidArgument`` naming both sizes."""
+        if not isinstance(buffer, DeviceBuffer) or buffer.freed:
+            raise errors.InvalidArgument(f"external weight memory for {file_name!r}: expected a "
+                                         f"live DeviceBuffer from Device.malloc, got {buffer!r}")
+        self._weight_memory[str(file_name)] = buffer
 
     def _bind(self, context: ProviderContext) -> None:
         """Options and session settings; the device (or the sharing group's) is created here."""
         options = dict(context.provider_options)
-        self.config = _device_config(options.get("device", "npu-m"))
+        given = self._user_device
+        self.config = _device_config(options.get("device", "npu-m")) if given is None \
+            else given.config
+        if given is not None and options.get("device", given.config.name) != given.config.name:
+            raise errors.InvalidArgument(
+                f"NpuSimExecutionProvider option device={options['device']!r}, but the device "
+                f"given to the provider is {given.config.name!r}; give one or make them agree")
         self.functional = _flag("functional", options.get("functional", "1"))
         self.allocator = options.get("allocator", "best_fit")
         if self.allocator not in ALLOCATORS:
@@ -85,6 +115,9 @@ class NpuSimExecutionProvider(ExecutionProvider):
             raise errors.InvalidArgument(f"NpuSimExecutionProvider option allocator="
                                          f"{self.allocator!r}; valid: {valid}")
         self.dim_overrides = _dim_overrides(options)
+        self.external_mode = options.get("external_weights", "0")
+        self.external_folder = options.get("external_weights_folder", DEFAULT_FOLDER)
+        self.streaming = _flag("weight_streaming", options.get("weight_streaming", "1"))
         session = context.session_config
         self.generating = config_flag(session, EP_CONTEXT_ENABLE)
         self.share = config_flag(session, SHARE_EP_CONTEXTS)
@@ -94,9 +127,18 @@ class NpuSimExecutionProvider(ExecutionProvider):
                 f"{STOP_SHARE_EP_CONTEXTS}=1 marks the last session of a group sharing EP "
                 f"contexts and needs {SHARE_EP_CONTEXTS}=1 too; got {SHARE_EP_CONTEXTS}="
                 f"{session.get(SHARE_EP_CONTEXTS, '0')!r}")
+        self.external = None
+        if self.generating:
+            settings = E.generation_settings(context)
+            self.external = external_spec(self.external_mode, self.external_folder,
+                                          settings.output_path, settings.model_name)
+        elif self.external_mode not in ("0", "1", "2"):
+            external_spec(self.external_mode, self.external_folder, Path("."), "")
         if self.share and self.generating:
             self._check_shared_generation()
-        if self.share and not self.generating:
+        if given is not None:
+            self.runtime = NpuRuntime(self.config, functional=self.functional, device=given)
+        elif self.share and not self.generating:
             key = (self.config.digest, self.allocator, self.functional)
             self.runtime = workspace().runtime(key, self._new_runtime)
         else:
@@ -111,6 +153,7 @@ class NpuSimExecutionProvider(ExecutionProvider):
         # EPContext (ep/npusim/epcontext.py): nodes made at compile, binaries kept open.
         self._ep_context_nodes: list[onnx.NodeProto] = []
         self._context_binaries: list[Any] = []
+        self._external_written: list[ExternalWeightFile] = []
 
     def free_dimension_overrides(self) -> dict[str, int]:
         """Symbolic dimensions fixed by provider options (``{"batch": "1"}``)."""
@@ -175,13 +218,24 @@ class NpuSimExecutionProvider(ExecutionProvider):
             compiled.append(self.add_program(fused.name, result.program, fused.inputs))
         if fresh and self.generating and self.share:
             nodes, self._staged = npu_epcontext.make_shared_context_nodes(
-                fresh, self.context, self.config, workspace(), stop=self.stop_share)
+                fresh, self.context, self.config, workspace(), stop=self.stop_share,
+                external=self.external)
             self._ep_context_nodes.extend(nodes)
+            self._external_written.extend(self._staged.external_weights)
         elif fresh and self.generating:
-            self._ep_context_nodes.extend(
-                npu_epcontext.make_context_nodes(fresh, self.context, self.config))
+            nodes, written = npu_epcontext.make_context_nodes(fresh, self.context, self.config,
+                                                              self.external)
+            self._ep_context_nodes.extend(nodes)
+            self._external_written.extend(written)
         if self.share and self.stop_share and not self.generating:
             workspace().release_loaded()
+        unused = sorted(set(self._weight_memory) - {Path(w.path).name
+                                                    for w in self.external_weight_files()})
+        if unused:
+            known = sorted({Path(w.path).name for w in self.external_weight_files()})
+            raise errors.InvalidArgument(f"external weight memory was given for {unused}, which "
+                                         f"no EPContext node of this model uses; its external "
+                                         f"weight files: {known}")
         return compiled
 
     def get_ep_context_nodes(self) -> list[onnx.NodeProto]:
@@ -200,26 +254,70 @@ class NpuSimExecutionProvider(ExecutionProvider):
                 workspace().abort(staged)
         elif committed and self.share and self.stop_share and self.generating:
             settings = E.generation_settings(self.context)
-            workspace().finish_without_graphs(settings.output_path,
-                                              hardware_architecture=self.config.name,
-                                              config_digest=self.config.digest)
+            self._external_written.extend(workspace().finish_without_graphs(
+                settings.output_path, hardware_architecture=self.config.name,
+                config_digest=self.config.digest, external=self.external))
+
+    def external_weight_files(self) -> list[ExternalWeightFile]:
+        """The external weights of this provider's programs, like GE's compile summary
+        (``GetExternalWeightPaths``): one entry per distinct weight with its file's ``path``,
+        its ``size`` in bytes, its ``offset`` in the file and its ``id`` (SHA-256). After
+        generating with ``external_weights`` 1 or 2, the weights written (or found in the
+        folder) for the session's binary; after loading an EPContext model, those its binaries
+        refer to. Paths are absolute."""
+        seen: dict[tuple[str, int], ExternalWeightFile] = {}
+        for item in self._external_written:
+            seen.setdefault((item.id, item.offset), item)
+        for binary in self._context_binaries:
+            for item in binary.external_weights:
+                seen.setdefault((item.id, item.offset), item)
+        return list(seen.values())
 
     def _add_context_program(self, fused: FusedNode, program: Program) -> NpuSimCompiledNode:
         """Load a program read from a context binary for its EPContext node: I/O bound by
         position (:func:`~ep.npusim.epcontext.check_binding`), and a program the firmware's
         loader refuses is the binary's fault, so ``InvalidGraph`` with the loader's reason."""
         npu_epcontext.check_binding(fused, program)
+        pinned = self._pinned(program)
         try:
-            return self.add_program(fused.name, program, [d.name for d in program.input_descs()])
+            return self.add_program(fused.name, program, [d.name for d in program.input_descs()],
+                                    pinned=pinned)
         except (errors.EPFail, errors.InvalidArgument) as exc:
             raise E.load_error(f"EPContext node {fused.name!r}: the device cannot load its "
                                f"graph {program.name!r}: {exc.message}") from None
 
+    def _pinned(self, program: Program) -> dict[int, tuple[DeviceBuffer, int]]:
+        """Weight tensors of a program read from a context binary that go to caller-provided
+        memory: tensor -> (buffer, offset of the weight in its file)."""
+        if not self._weight_memory:
+            return {}
+        sources = next((b.external_weights_of(name) for b in self._context_binaries
+                        for name in b.graph_names() if b.program(name) is program), {})
+        pinned: dict[int, tuple[DeviceBuffer, int]] = {}
+        for tensor, weight in sources.items():
+            path = Path(weight.path)
+            buffer = self._weight_memory.get(path.name)
+            if buffer is None:
+                continue
+            if buffer.device_id != self.runtime.device.id:
+                raise errors.InvalidArgument(f"external weight memory for {path.name!r} was "
+                                             "allocated on another device than the session's")
+            size = path.stat().st_size
+            if buffer.nbytes < size:
+                raise errors.InvalidArgument(
+                    f"external weight memory for {path.name!r} is {buffer.nbytes} bytes; the "
+                    f"file is {size} bytes: allocate at least {size}")
+            pinned[tensor] = (buffer, weight.offset)
+        return pinned
+
     def add_program(self, name: str, program: Program,
-                    input_names: Sequence[str] | None = None) -> NpuSimCompiledNode:
-        """Load ``program`` (freshly compiled or read from a context binary) as node ``name``."""
+                    input_names: Sequence[str] | None = None, *,
+                    pinned: Mapping[int, tuple[DeviceBuffer, int]] | None = None,
+                    ) -> NpuSimCompiledNode:
+        """Load ``program`` (freshly compiled or read from a context binary) as node ``name``;
+        ``pinned`` weight tensors go to caller-provided memory."""
         node = NpuSimCompiledNode(name, program, self.runtime, input_names,
-                                  on_run=self._ran.append)
+                                  on_run=self._ran.append, stream=self.streaming, pinned=pinned)
         node.recording = self._recording
         self.programs[name] = program
         self.nodes[name] = node

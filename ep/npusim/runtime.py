@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from firmware_model import Firmware, LoadedProgram, Program
 from npu_sim import Device, dtypes
 from npu_sim.config import DeviceConfig
 from npu_sim.errors import NpuSimError
+from npu_sim.hbm import DeviceBuffer
 from npu_sim.trace import Recording
 
 from .. import errors
@@ -37,24 +39,28 @@ class NpuRuntime:
     """One simulated device + firmware shared by all of a provider's compiled nodes."""
 
     def __init__(self, config: DeviceConfig, *, allocator: str = "best_fit",
-                 functional: bool = True) -> None:
+                 functional: bool = True, device: Device | None = None) -> None:
         self.config = config
         self.functional = functional
-        self.device = Device(config, allocator=allocator)
+        self.device = device if device is not None else Device(config, allocator=allocator)
         self.firmware = Firmware(self.device)
         self.lock = threading.RLock()
         self._last: dict[str, Any] = {}
         self.last_span: tuple[int, int] = (0, 0)
         """Simulated cycles at the start and end of the last run."""
 
-    def load(self, program: Program) -> LoadedProgram:
-        """Validate and place ``program`` on the device (weights uploaded once)."""
+    def load(self, program: Program, *, stream: bool = False,
+             pinned: Mapping[int, tuple[DeviceBuffer, int]] | None = None) -> LoadedProgram:
+        """Validate and place ``program`` on the device (weights uploaded once; ``stream``:
+        uploads left in flight, each kernel waiting for its own weights; ``pinned``: weight
+        tensors in caller-provided memory)."""
         if program.hardware_architecture and program.hardware_architecture != self.config.name:
             raise errors.InvalidArgument(
                 f"program {program.name!r} was compiled for {program.hardware_architecture!r}; "
                 f"this provider's device is {self.config.name!r}")
         try:
-            return self.firmware.load(program, functional=self.functional)
+            return self.firmware.load(program, functional=self.functional, stream=stream,
+                                      pinned=pinned)
         except NpuSimError as exc:
             raise errors.EPFail(f"NpuSim: cannot load program {program.name!r}: {exc}") from None
 
@@ -162,7 +168,8 @@ class NpuSimCompiledNode(CompiledNode):
 
     def __init__(self, name: str, program: Program, runtime: NpuRuntime,
                  input_names: Sequence[str] | None = None,
-                 on_run: Callable[[str], object] | None = None) -> None:
+                 on_run: Callable[[str], object] | None = None, *, stream: bool = False,
+                 pinned: Mapping[int, tuple[DeviceBuffer, int]] | None = None) -> None:
         self.name = name
         self.program = program
         self.runtime = runtime
@@ -170,8 +177,9 @@ class NpuSimCompiledNode(CompiledNode):
         self.recording: Recording | None = None
         """While the session profiles: where each run's trace records go."""
         self._on_run = on_run
+        self._settings = (input_names, stream, pinned)
         with runtime.lock:
-            self.loaded = runtime.load(program)
+            self.loaded = runtime.load(program, stream=stream, pinned=pinned)
         names = [t.name for t in program.input_descs()]
         given = list(input_names) if input_names is not None else names
         missing = [n for n in names if n not in given]
@@ -202,7 +210,24 @@ class NpuSimCompiledNode(CompiledNode):
         return [o if o is not None else np.zeros(t.shape, dtypes.to_numpy(t.dtype))
                 for o, t in zip(outputs, self.program.output_descs(), strict=True)]
 
+    def instance(self) -> NpuSimCompiledNode:
+        """The same program loaded again on the same device: a new arena for its activations,
+        its weights shared (the weight store finds them resident). The instance's device memory
+        is released when it is dropped."""
+        input_names, stream, pinned = self._settings
+        node = NpuSimCompiledNode(self.name, self.program, self.runtime, input_names,
+                                  self._on_run, stream=stream, pinned=pinned)
+        node.recording = self.recording
+        weakref.finalize(node, _unload, self.runtime, node.loaded)
+        return node
+
     def release(self) -> None:
         """Free the program's device memory."""
         with self.runtime.lock:
             self.loaded.unload()
+
+
+def _unload(runtime: NpuRuntime, loaded: LoadedProgram) -> None:
+    with runtime.lock:
+        if loaded.loaded:
+            loaded.unload()

@@ -38,6 +38,7 @@ from firmware_model import Program
 
 from ..errors import Fail, InvalidArgument
 from .binary import ContextBinary, write_context_binary
+from .external_weights import ExternalSpec, ExternalWeightFile
 from .runtime import NpuRuntime
 
 EP_SHORT_NAME = "npusim"
@@ -75,6 +76,8 @@ class Staged:
     model_file: str
     programs: tuple[Program, ...]
     stop: bool
+    external_weights: tuple[ExternalWeightFile, ...] = ()
+    """The external weights of the group's binary, when this (stop) session wrote it."""
 
 
 @dataclass
@@ -111,7 +114,8 @@ class SharedWorkspace:
                                   config_digest)
 
     def stage(self, output_path: Path, binary_path: Path, programs: Sequence[Program], *,
-              hardware_architecture: str, config_digest: str, stop: bool) -> Staged:
+              hardware_architecture: str, config_digest: str, stop: bool,
+              external: ExternalSpec | None = None) -> Staged:
         """Check one session's freshly compiled ``programs`` against the group and reserve
         their graph names; for the stop session, write the group's binary now (atomically).
 
@@ -143,13 +147,14 @@ class SharedWorkspace:
                 raise Fail(f"ep.stop_share_ep_contexts=1: sessions of the group are still "
                            f"generating {busy}; create the last session after they finish")
             self._tickets += 1
-            staged = Staged(self._tickets, binary_path, hardware_architecture, config_digest,
-                            output_path.name, tuple(programs), stop)
+            written: list[ExternalWeightFile] = []
             if stop:
                 everything = [*(group.programs.values() if group else ()), *programs]
-                write_context_binary(binary_path, everything,
-                                     hardware_architecture=hardware_architecture,
-                                     config_digest=config_digest)
+                written = write_context_binary(binary_path, everything,
+                                               hardware_architecture=hardware_architecture,
+                                               config_digest=config_digest, external=external)
+            staged = Staged(self._tickets, binary_path, hardware_architecture, config_digest,
+                            output_path.name, tuple(programs), stop, tuple(written))
             self._pending[staged.ticket] = staged
             return staged
 
@@ -176,13 +181,15 @@ class SharedWorkspace:
             self._pending.pop(staged.ticket, None)
 
     def finish_without_graphs(self, output_path: Path, *, hardware_architecture: str,
-                              config_digest: str) -> None:
+                              config_digest: str, external: ExternalSpec | None = None,
+                              ) -> list[ExternalWeightFile]:
         """A stop session that compiled nothing for the NPU: write the group's binary from
-        what the group holds and end the group (no group: nothing to do)."""
+        what the group holds and end the group (no group: nothing to do); returns the external
+        weights it refers to."""
         with self._lock:
             group = self._group
             if group is None:
-                return
+                return []
             self._check_group(group, output_path.resolve(), hardware_architecture,
                               config_digest)
             if self._pending:
@@ -192,10 +199,11 @@ class SharedWorkspace:
             if group.binary_path.exists():
                 raise Fail(f"cannot share EP contexts into {str(group.binary_path)!r}: the "
                            "file exists already. Remove it and start the session group again.")
-            write_context_binary(group.binary_path, list(group.programs.values()),
-                                 hardware_architecture=group.hardware_architecture,
-                                 config_digest=group.config_digest)
+            written = write_context_binary(group.binary_path, list(group.programs.values()),
+                                           hardware_architecture=group.hardware_architecture,
+                                           config_digest=group.config_digest, external=external)
             self._group = None
+            return written
 
     @property
     def group(self) -> GenerationGroup | None:

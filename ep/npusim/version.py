@@ -12,7 +12,7 @@ when something is added that older readers may safely ignore.
 from __future__ import annotations
 
 SDK_VERSION = "0.1.0"
-FORMAT_VERSION: tuple[int, int] = (2, 1)
+FORMAT_VERSION: tuple[int, int] = (2, 2)
 
 
 def sdk_major(version: str) -> int:

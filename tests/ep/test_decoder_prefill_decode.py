@@ -97,3 +97,29 @@ def test_shared_weights_are_stored_and_resident_once(tmp_path: Path) -> None:
     fresh = ep.InferenceSession(str(together / "prefill.onnx"), providers=[NPU])
     for got, ref in zip(sessions[0].run(None, prompt), fresh.run(None, prompt), strict=True):
         np.testing.assert_array_equal(got, ref)
+
+
+def test_float16_weights_stay_float16_in_the_binary(tmp_path: Path) -> None:
+    """Weights stored in float16 and cast where read: the compiler keeps the widening casts on
+    the device instead of folding them, so the context binary holds the float16 bytes (its
+    size is the float32 model's less exactly half its weight bytes, up to alignment), and
+    generation still matches onnxruntime token for token."""
+    spec = DecoderSpec(weight_dtype="float16")
+    sizes = {}
+    for dtype in ("float32", "float16"):
+        folder = tmp_path / dtype
+        folder.mkdir()
+        onnx.save(prefill(DecoderSpec(weight_dtype=dtype)), folder / "prefill.onnx")
+        so = ep.SessionOptions()
+        so.add_session_config_entry("ep.context_enable", "1")
+        ep.InferenceSession(str(folder / "prefill.onnx"), so, providers=[NPU])
+        sizes[dtype] = os.path.getsize(folder / "prefill_npusim.bin")
+    half = sum(v.astype(np.float16).nbytes for v in weights(spec).values())
+    assert abs(sizes["float32"] - sizes["float16"] - half) <= 512 * len(weights(spec))
+    onnx.save(prefill(spec), tmp_path / "prefill.onnx")
+    onnx.save(decode(spec), tmp_path / "decode.onnx")
+    paths = (str(tmp_path / "prefill.onnx"), str(tmp_path / "decode.onnx"))
+    want = generate(lambda p: ort.InferenceSession(p, providers=["CPUExecutionProvider"]),
+                    *paths, spec, steps=4)
+    got = generate(lambda p: ep.InferenceSession(p, providers=[NPU]), *paths, spec, steps=4)
+    assert got == want

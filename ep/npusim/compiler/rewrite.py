@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from npu_sim import dtypes
+from npu_sim.errors import NpuSimError
 from npu_sim.kernels.activations import clip_range
 from npu_sim.kernels.limits import check_elements
 
@@ -70,7 +71,8 @@ def fold_constants(graph: SubGraph, keep: frozenset[str] = frozenset()) -> int:
     folded = 0
     kept: list[Node] = []
     for node in graph.nodes:
-        values = None if node.op in keep else _constant_outputs(graph, node)
+        widens = node.op == "Cast" and _widens_a_weight(graph, node)
+        values = None if node.op in keep or widens else _constant_outputs(graph, node)
         if values is None:
             kept.append(node)
             continue
@@ -82,6 +84,23 @@ def fold_constants(graph: SubGraph, keep: frozenset[str] = frozenset()) -> int:
         folded += 1
     graph.nodes = kept
     return folded
+
+
+WEIGHT_BYTES = 1024
+"""A constant of this many bytes or more is a weight (as the framework's optimizer counts)."""
+
+
+def _widens_a_weight(graph: SubGraph, node: Node) -> bool:
+    """A Cast of a constant weight to a wider type (float16 weights read as float32): folded,
+    the weight would be stored at twice its size; it stays a kernel that widens on device."""
+    value = graph.consts.get(node.inputs[0]) if node.inputs else None
+    if value is None or value.nbytes < WEIGHT_BYTES:
+        return False
+    try:
+        wider = dtypes.itemsize(dtypes.from_onnx(int(node.attrs.get("to", 0))))
+    except (NpuSimError, TypeError, ValueError):
+        return False
+    return wider > value.dtype.itemsize
 
 
 def _constant_outputs(graph: SubGraph, node: Node) -> list[np.ndarray] | None:
