@@ -98,12 +98,17 @@ def record(model: onnx.ModelProto, config: DeviceConfig, runs: int = 1) -> Trace
         return load(profile[:-len(".json")] + ".trace.jsonl")
 
 
-def simulate(model: onnx.ModelProto, config: DeviceConfig) -> int:
-    """Simulated cycles of one timing-only run of ``model`` compiled for ``config``."""
+def simulate(model: onnx.ModelProto, config: DeviceConfig, runs: int = 1) -> int:
+    """Simulated cycles of ``runs`` timing-only runs of ``model`` compiled for ``config``, added
+    up (the first run also waits for the weights still streaming in)."""
     with tempfile.TemporaryDirectory() as folder:
         session = _session(model, config, None, folder)
-        session.run(None, sample_input(model, 0))
-        return int(session.get_run_stats()["NpuSimExecutionProvider"]["cycles"])
+        feeds = sample_input(model, 0)
+        total = 0
+        for _ in range(runs):
+            session.run(None, feeds)
+            total += int(session.get_run_stats()["NpuSimExecutionProvider"]["cycles"])
+        return total
 
 
 def main(argv: Sequence[str] | None = None) -> int:

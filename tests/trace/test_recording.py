@@ -130,3 +130,19 @@ def test_profile_has_onnxruntime_fields(tmp_path):
     convs = [e for e in nodes if e["args"]["op_name"] == "Conv"]
     assert convs and all(e["args"]["provider"] == "NpuSimExecutionProvider" for e in convs)
     assert {"float": [1, 3, 64, 64]} in [s for e in convs for s in e["args"]["input_type_shape"]]
+
+
+def test_the_first_run_keeps_the_weight_uploads_its_kernels_waited_for(tmp_path):
+    # With weight streaming the first run's kernels wait for uploads started at session
+    # creation: the profile must hold them, or replay would start those kernels too early.
+    model = tiny_cnn()
+    session = _profiled(tmp_path, model)
+    session.run(None, sample_input(model, 0))
+    first = session.get_run_stats()["NpuSimExecutionProvider"]["cycles"]
+    trace = load(session.end_profiling()[:-len(".json")] + ".trace.jsonl")
+    by_id = {r.id: r for r in trace.records}
+    uploads = {r.id for r in trace.records if r.kind == "dma" and r.name.startswith("h2d#")}
+    waited = [r for r in trace.records if r.kind == "kernel" and uploads & set(r.deps)]
+    assert uploads and waited
+    assert all(d in by_id for r in trace.records for d in r.deps)
+    assert replay(trace, mode="recorded").makespan == first

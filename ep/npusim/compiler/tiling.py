@@ -5,8 +5,8 @@ on. The launch's price as the device computes it (:func:`ep.npusim.ops.price`: t
 cycles, else :func:`npu_sim.cost.op_cost`) decides how work splits over ``k`` cores (a GEMM or
 convolution along output rows ``M``, output columns ``N``, the reduction ``K`` or whole groups,
 whichever is fastest) and how many of them get any; ``k`` is the smallest count whose cost is
-within :data:`SPLIT_GAIN` of the best over ``1..cores``: a small op stays on fewer cores when splitting does not pay, leaving the others
-free for an independent branch.
+within :data:`SPLIT_GAIN` of the best over ``1..cores``: a small op stays on fewer cores when
+splitting does not pay, leaving the others free for an independent branch.
 
 The *SRAM tiling* is the cost model's own: the tile shape (``m, n, k`` for a GEMM, a run of
 ``elements`` for a vector op) and the SRAM bytes it takes are those the launch's cycles and HBM
