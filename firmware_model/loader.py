@@ -29,7 +29,7 @@ from npu_sim.dma import DMA_ALIGNMENT
 from npu_sim.dtypes import TensorSpec
 from npu_sim.errors import InvalidCommand, NpuSimError
 from npu_sim.hbm import DeviceBuffer
-from npu_sim.kernels import registry
+from npu_sim.kernels import blas, registry
 
 from . import replay
 from .commands import U32_MAX, Barrier, Command, Dma, Kernel, Signal, Wait, pack, unpack
@@ -329,6 +329,12 @@ def _relocate(cmd: Command, loaded: LoadedProgram) -> Command:
                deps=cmd.deps)
 
 
+def _replayed(schedule: replay.Schedule, loaded: LoadedProgram, host_in: list[np.ndarray],
+              host_out: list[np.ndarray]) -> bool:
+    with blas.one_thread():
+        return schedule.replay(loaded, host_in, host_out)
+
+
 class LoadedProgram:
     """A program resident on the device: its regions, its relocated commands, and :meth:`run`."""
 
@@ -396,7 +402,7 @@ class LoadedProgram:
         host_out = [np.zeros(t.shape, dtypes.to_numpy(t.dtype)) for t in prog.output_descs()]
         key = replay.key(self, functional, queue)
         schedule = self._schedules.get(key) if self.replay else None
-        if schedule is not None and schedule.replay(self, host_in, host_out):
+        if schedule is not None and _replayed(schedule, self, host_in, host_out):
             self.last_run_cycles = schedule.cycles
             return list(host_out) if functional else [None] * len(host_out)
         if self._replayable is None:
@@ -426,7 +432,8 @@ class LoadedProgram:
             stream = [*pre, Barrier(io_id), *self.commands, Barrier(io_id + 1), *post]
             self.last_run_cycles = None
             start = device.now
-            fw.run(stream, queue=queue, program=self, functional=functional)
+            with blas.one_thread():  # see npu_sim.kernels.blas: once per run, not per kernel
+                fw.run(stream, queue=queue, program=self, functional=functional)
             self.last_run_cycles = device.now - start
             if before is not None:
                 self._schedules[key] = replay.Schedule.end(

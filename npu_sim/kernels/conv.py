@@ -359,7 +359,7 @@ def conv_nd(
         y = np.empty((n, m, pixels), x.dtype)
         with np.errstate(all="ignore"):  # inf/NaN inputs give inf/NaN, not warnings
             for i in range(n):  # 2-D products: numpy hands those to BLAS without a batch loop
-                np.matmul(w2, view[i].reshape(c, pixels), out=y[i])
+                blas.matmul(w2, view[i].reshape(c, pixels), out=y[i])
         return y.reshape((n, m) + win.out)
     if group > 1 and w.shape[1] == 1:
         y5 = np.zeros((n, m) + out3, x.dtype)
@@ -377,7 +377,7 @@ def conv_nd(
     for i in range(n):
         im2col(x5[i], win, cols)
         for g in range(group):
-            np.matmul(wg[g], cols[g * step : (g + 1) * step], out=y[i, g])
+            blas.matmul(wg[g], cols[g * step : (g + 1) * step], out=y[i, g])
     return y.reshape((n, m) + win.out)
 
 
@@ -413,9 +413,7 @@ def conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[
     group = check_conv("Conv", x.shape, w.shape, attrs)
     win = window("Conv", x.shape[2:], w.shape[2:], attrs)
     bias = _bias("Conv", b, w.shape[0])
-    macs = x.shape[0] * math.prod(w.shape) * math.prod(win.out)
-    with blas.threads_for(macs):
-        y = conv_nd(to_compute("Conv", "X", x), to_compute("Conv", "W", w), group, win)
+    y = conv_nd(to_compute("Conv", "X", x), to_compute("Conv", "W", w), group, win)
     if bias is not None:
         add_bias(y, bias)
     return [finish(y, attrs, dtype)]

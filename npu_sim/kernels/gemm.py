@@ -113,9 +113,13 @@ def matmul(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> lis
         b = b.T
     dtype = same_dtype("MatMul", {"A": a, "B": b})
     out = matmul_shape("MatMul", a.shape, b.shape)
-    macs = math.prod(out) * a.shape[-1]
-    with np.errstate(all="ignore"), blas.threads_for(macs):  # inf/NaN give inf/NaN, no warnings
-        y = np.matmul(to_compute("MatMul", "A", a), to_compute("MatMul", "B", b))
+    a32, b32 = to_compute("MatMul", "A", a), to_compute("MatMul", "B", b)
+    with np.errstate(all="ignore"):  # inf/NaN operands give inf/NaN results, not warnings
+        if a.ndim >= 2 and b.ndim >= 2:
+            y = blas.matmul(a32, b32)
+        else:
+            with blas.threads_for(math.prod(out) * a.shape[-1]):
+                y = np.matmul(a32, b32)
     return [finish(np.asarray(y), attrs, dtype)]
 
 
@@ -143,8 +147,7 @@ def gemm(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[
         )
     alpha = np.float32(attrs.get("alpha", 1.0))
     beta = np.float32(attrs.get("beta", 1.0))
-    with blas.threads_for(a32.shape[0] * a32.shape[1] * b32.shape[1]):
-        y = a32 @ b32
+    y = blas.matmul(a32, b32)
     if alpha != 1.0:
         y *= alpha
     if c is not None:
