@@ -41,6 +41,7 @@ import numpy as np
 
 from npu_sim import dtypes
 from npu_sim.dma import HOST_IOVA_BASE
+from npu_sim.errors import NpuSimError
 from npu_sim.kernels import registry
 from npu_sim.trace import TraceRecord
 
@@ -216,6 +217,7 @@ class Schedule:
         self.host_records = {k for k, r in enumerate(self.records) if _mentions_host(r)}
         self.iovas = iovas
         self.steps = _steps(loaded) if functional else []
+        self.kernels = {registry.lookup(launch.op) for launch in loaded.program.launches}
         program = loaded.program
         self.in_views = [_typed_view(loaded, i, writable=True) for i in program.inputs]
         self.out_views = [_typed_view(loaded, i, writable=False) for i in program.outputs]
@@ -264,7 +266,7 @@ class Schedule:
         simulated state changed) when the simulation must run instead."""
         fw = loaded.firmware
         device = fw.device
-        if not idle(fw):
+        if not idle(fw) or not self._same_kernels():
             return False
         if self.functional:
             for array, view in zip(host_in, self.in_views, strict=True):
@@ -291,12 +293,16 @@ class Schedule:
         device.fast_forward(self.cycles, self.device_counters, self.channels)
         return True
 
+    def _same_kernels(self) -> bool:
+        """Whether every kernel (values and cycles) is still the one recorded with."""
+        try:
+            return all(registry.lookup(k.name) is k for k in self.kernels)
+        except NpuSimError:  # unregistered since
+            return False
+
     def _compute(self) -> bool:
         """Every kernel in command order; False if one raised or returned the wrong thing."""
-        lookup = registry.lookup
         for step in self.steps:
-            if lookup(step.entry.name) is not step.entry:
-                return False  # registered again since the recording
             try:
                 results = step.values(step.inputs, dict(step.attrs))
                 if len(results) < len(step.outputs):

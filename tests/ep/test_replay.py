@@ -225,3 +225,30 @@ def test_only_programs_whose_conflicts_are_ordered_are_replayed(commands, ordere
     for seed in range(3):
         twin.run(0, [np.full(4, seed - 1.5, np.float32), np.full(4, seed + 1.0, np.float32)])
     assert any(twin.sides[1][1][0]._schedules.values()) is ordered
+
+
+def test_timing_only_replay_follows_a_kernel_priced_anew() -> None:
+    from npu_sim.cost import op_cost
+    from npu_sim.kernels import registry
+
+    program = program_of(chain(3))
+    twin = Twin(program, functional=False)
+    for _ in range(4):
+        twin.run(0, None, functional=False)
+    cycles = twin.sides[1][1][0].last_run_cycles
+    old = registry.lookup("Tanh")
+
+    def slower(config, in_specs, out_specs, attrs, cores=1):
+        cost = op_cost(config, "Tanh", in_specs, out_specs, attrs, cores=cores)
+        return dataclasses.replace(cost, total_cycles=2 * cost.total_cycles + 1000)
+
+    registry.register_kernel("Tanh", old.values, cycles=slower, replace=True)
+    try:
+        twin.run(0, None, functional=False)
+        assert twin.sides[1][1][0].last_run_cycles > cycles
+        registry.unregister_kernel("Tanh")
+        fault = twin.run(0, None, functional=False)  # the simulation reports the missing kernel
+        assert fault[0] == "fault"
+    finally:
+        registry.register_kernel("Tanh", old.values, cycles=old.cycles, replace=True)
+    twin.run(0, None, functional=False)
