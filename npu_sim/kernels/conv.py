@@ -40,6 +40,9 @@ from .gemm import finish, same_dtype, to_compute
 from .limits import check_elements
 from .registry import kernel
 
+#: Depthwise convolutions of at least this many MACs run on the kernels' thread pool.
+DEPTHWISE_SPLIT_MACS = 1 << 18
+
 #: Highest spatial rank the window kernels take.
 MAX_SPATIAL = 3
 _AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
@@ -227,9 +230,9 @@ def im2col(x: np.ndarray, win: Window, cols: np.ndarray) -> None:
     np.copyto(cols.reshape(view.shape), view)
 
 
-# Serial on purpose: it sits between BLAS-backed convolutions whose threads keep spinning for a
-# while after a GEMM; a parallel loop there fights them for the cores (measured slower end to end).
-@njit(cache=True)
+# nogil: conv_nd runs it on ranges of channels on the kernels' thread pool (npu_sim.kernels.blas),
+# whose threads wait without spinning; a numba parallel loop here fought OpenBLAS's spinning ones.
+@njit(cache=True, nogil=True)
 def _depthwise(x, w, mult, st, di, pb, out):  # pragma: no cover - compiled
     """Direct conv with one input channel per group: out (N, M, OD, OH, OW), zero-filled.
 
@@ -363,7 +366,12 @@ def conv_nd(
         return y.reshape((n, m) + win.out)
     if group > 1 and w.shape[1] == 1:
         y5 = np.zeros((n, m) + out3, x.dtype)
-        _depthwise(x5, np.ascontiguousarray(as5d(w)), m // c, st3, di3, pb3, y5)
+        w5, mult = np.ascontiguousarray(as5d(w)), m // c
+        if y5.size * math.prod(win.kernel) < DEPTHWISE_SPLIT_MACS:
+            _depthwise(x5, w5, mult, st3, di3, pb3, y5)
+        else:  # channel ranges (whole groups) on the pool's threads
+            blas.spread(c, lambda lo, hi: _depthwise(x5[:, lo:hi], w5[lo * mult:hi * mult], mult,
+                                                     st3, di3, pb3, y5[:, lo * mult:hi * mult]))
         return y5.reshape((n, m) + win.out)
     rows = c * int(np.prod(k3))
     # pads, strides and dilations size the temporaries too, not only the output
