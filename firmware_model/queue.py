@@ -137,6 +137,19 @@ class Queue:
                 self._streamer = self.env.process(self._stream())
         return sub
 
+    def skip(self, count: int) -> None:
+        """Advance every position as a submission of ``count`` commands written, fetched,
+        completed and drained would (a replayed run: ``firmware_model.replay``). Only while the
+        queue is idle: nothing streaming, nothing fetched but not completed and drained."""
+        if self._backlog or self._held or self.ring.fetched != self.ring.tail or \
+                self.cq.pending:
+            raise AssertionError(f"{self.scope}: skip({count}) on a busy queue")
+        self._reserved += count
+        self.ring.tail += count
+        self.ring.fetched += count
+        self.cq.tail += count
+        self.cq.head += count
+
     def fetched(self) -> None:
         """Firmware: descriptors were fetched, their slots are free (wakes the host's writer)."""
         if self._slots_freed is not None and not self._slots_freed.triggered:

@@ -18,7 +18,7 @@ The device has ``config.cores`` cores (scope ``npu.coreN``), each a simpy resour
 A cost may carry ``energy`` (picojoules by component, :mod:`npu_sim.cost.energy`): the trace
 record's work holds it as ``work["energy"]``, and the dynamic components (all but ``leakage``,
 which the runtime charges to every core for the whole run) add to the counters
-``compute.energy_pj.<component>`` and ``core.<i>.energy_pj`` (split evenly over the launch's
+``compute.energy_fj.<component>`` and ``core.<i>.energy_fj`` (split evenly over the launch's
 cores).
 
 The two halves never meet: the kernel never sees the clock and the cost never sees data. In
@@ -37,7 +37,7 @@ import simpy
 
 from . import dtypes
 from .config import DeviceConfig
-from .cost.energy import DYNAMIC
+from .cost.energy import DYNAMIC, femtojoules
 from .dtypes import TensorSpec
 from .errors import KernelError, NpuSimError
 from .hbm import Hbm
@@ -62,10 +62,10 @@ class Compute:
         """Zero every counter."""
         self._stats: dict[str, float] = {"compute.kernels": 0, "compute.macs": 0}
         for name in DYNAMIC:
-            self._stats[f"compute.energy_pj.{name}"] = 0.0
+            self._stats[f"compute.energy_fj.{name}"] = 0
         for i in range(self.config.cores):
             self._stats[f"core.{i}.busy_cycles"] = 0
-            self._stats[f"core.{i}.energy_pj"] = 0.0
+            self._stats[f"core.{i}.energy_fj"] = 0
 
     def stats(self) -> dict[str, float]:
         """Counters: kernels run, MACs (when the cost reports them), busy cycles per core, and
@@ -129,10 +129,10 @@ class Compute:
         dynamic = 0.0
         for name in DYNAMIC:
             dynamic += energy.get(name, 0.0)
-            self._stats[f"compute.energy_pj.{name}"] += energy.get(name, 0.0)
+            self._stats[f"compute.energy_fj.{name}"] += femtojoules(energy.get(name, 0.0))
         for c in cores:
             self._stats[f"core.{c}.busy_cycles"] += end - start
-            self._stats[f"core.{c}.energy_pj"] += dynamic / len(cores)
+            self._stats[f"core.{c}.energy_fj"] += femtojoules(dynamic / len(cores))
         work = {
             "op": op, "node": node, "cores": len(cores), "core_ids": list(cores), "macs": macs,
             "attrs": attrs, "unit": getattr(cost, "engine", "array"),

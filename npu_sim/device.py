@@ -180,6 +180,36 @@ class Device:
         return {**self.hbm.stats(), **self.dma.stats(), **self.compute.stats(),
                 "device.cycles": self.now}
 
+    @property
+    def dma_channel_order(self) -> tuple[int, ...]:
+        """The free DMA channels in the order the next transfers take them (channels return to
+        the back as they finish): with the clock, what a run's schedule depends on."""
+        return tuple(self.dma._channels.items)
+
+    def fast_forward(self, cycles: int, counters: dict[str, int],
+                     channel_order: tuple[int, ...]) -> None:
+        """Advance an idle device by a run recorded earlier: the clock by ``cycles``, the
+        DMA and compute counters (``dma.*``, ``compute.*``, ``core.*``) by ``counters``, and
+        leave the free DMA channels in ``channel_order`` (as that run left them).
+
+        Only for a replay of a run whose values were computed and whose trace records were
+        re-emitted elsewhere (``firmware_model.replay``); refuses a device with events pending.
+        """
+        if self.env.peek() != float("inf"):
+            raise DmaFault("npu", "fast_forward needs an idle device; events are pending")
+        dma, compute = self.dma._stats, self.compute._stats
+        unknown = sorted(set(counters) - set(dma) - set(compute))
+        if unknown:
+            raise ConfigError("counters", unknown, f"names among {sorted({*dma, *compute})}")
+        for key, value in counters.items():
+            (dma if key in dma else compute)[key] += value
+        if sorted(channel_order) != sorted(self.dma._channels.items):
+            raise ConfigError("channel_order", channel_order, "a permutation of the channels")
+        self.dma._transfer_no += counters.get("dma.transfers", 0)
+        self.dma._channels.items[:] = channel_order
+        if cycles:
+            self.env.run(until=self.env.now + cycles)
+
     def reset_stats(self) -> None:
         """Zero the counters (the clock, allocations and trace are untouched)."""
         self.hbm.reset_stats()

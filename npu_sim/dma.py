@@ -18,7 +18,7 @@ Energy. Every chunk's bytes pass through the DMA engine (``dma_pj_per_byte``), c
 link (``host_link_pj_per_byte``, h2d and d2h) and are written to or read from HBM
 (``hbm_pj_per_byte``; a d2d copy reads and writes, so twice). The chunk's trace record carries
 them as ``work["energy"]`` (picojoules by component) and they add to the counters
-``dma.energy_pj.<component>`` and ``dma.<channel>.energy_pj``.
+``dma.energy_fj.<component>`` and ``dma.<channel>.energy_fj``.
 
 Faults. :meth:`DmaEngine.transfer` validates the whole descriptor before anything moves: both
 ranges inside one live allocation / mapping, ``nbytes > 0``, the destination writable, and
@@ -39,6 +39,7 @@ import numpy as np
 import simpy
 
 from .config import DeviceConfig
+from .cost.energy import femtojoules
 from .errors import DmaFault
 from .hbm import Hbm
 from .trace.recorder import TraceRecorder, record_ids, tag
@@ -146,11 +147,11 @@ class DmaEngine:
             "dma.h2d.bytes": 0, "dma.d2h.bytes": 0, "dma.d2d.bytes": 0,
             "dma.transfers": 0, "dma.chunks": 0,
             "dma.busy_cycles.link": 0, "dma.busy_cycles.hbm": 0,
-            **{f"dma.energy_pj.{name}": 0.0 for name in DMA_ENERGY},
+            **{f"dma.energy_fj.{name}": 0 for name in DMA_ENERGY},
         }
         for ch in range(self.config.dma_channels):
             self._stats[f"dma.{ch}.busy_cycles"] = 0
-            self._stats[f"dma.{ch}.energy_pj"] = 0.0
+            self._stats[f"dma.{ch}.energy_fj"] = 0
 
     def stats(self) -> dict[str, float]:
         """Counters: bytes per direction, transfers, chunks, busy cycles per link and channel,
@@ -184,6 +185,11 @@ class DmaEngine:
                 "transfer_bytes": nbytes}
         return self.env.process(self._run(read, write, pieces, name, work, tuple(deps),
                                           self.env.now))
+
+    @property
+    def transfers(self) -> int:
+        """Transfers issued so far: the last one's number (its chunks' ``work["transfer"]``)."""
+        return self._transfer_no
 
     def _endpoint(self, address: int, nbytes: int, name: str,
                   *, writable: bool) -> Callable[[int, int], np.ndarray]:
@@ -237,8 +243,8 @@ class DmaEngine:
         st[f"dma.{ch}.busy_cycles"] += end - start
         energy = chunk_energy(cfg, n, work["direction"] == "d2d")
         for key, value in energy.items():
-            st[f"dma.energy_pj.{key}"] += value
-        st[f"dma.{ch}.energy_pj"] += sum(energy.values())
+            st[f"dma.energy_fj.{key}"] += femtojoules(value)
+        st[f"dma.{ch}.energy_fj"] += femtojoules(sum(energy.values()))
         chunk_work: dict[str, Any] = {**work, "bytes": n, "offset": off, "chunk": index,
                                       "chunks": count, "link": link, "energy": energy}
         chunk_name = name if count == 1 else f"{name}[{index}/{count}]"

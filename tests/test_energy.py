@@ -188,12 +188,13 @@ def test_launch_energy_lands_in_the_trace_and_adds_up_in_the_counters():
         assert record.work["energy"] == pytest.approx(dict(cost.energy))
     s = dev.stats()
     for name in DYNAMIC:
-        assert s[f"compute.energy_pj.{name}"] == pytest.approx(
+        assert s[f"compute.energy_fj.{name}"] / 1000 == pytest.approx(
             math.fsum(cost.energy[name] for cost in costs))
-    assert s["core.0.energy_pj"] == s["core.1.energy_pj"] == pytest.approx(
+    assert s["core.0.energy_fj"] == s["core.1.energy_fj"]
+    assert s["core.0.energy_fj"] / 1000 == pytest.approx(
         costs[0].dynamic_energy_pj / 2)
-    assert s["core.2.energy_pj"] == pytest.approx(costs[1].dynamic_energy_pj)
-    assert s["core.3.energy_pj"] == 0
+    assert s["core.2.energy_fj"] / 1000 == pytest.approx(costs[1].dynamic_energy_pj)
+    assert s["core.3.energy_fj"] / 1000 == 0
 
 
 @given(shapes=st.lists(st.tuples(st.integers(1, 96), st.integers(1, 96), st.integers(1, 96),
@@ -211,9 +212,9 @@ def test_device_energy_is_the_sum_of_its_launches(shapes):
         costs.append(op_cost(NPU_M, "MatMul", [a, b], [c], {}, cores))
     dev.synchronize()
     s = dev.stats()
-    dynamic = math.fsum(s[f"compute.energy_pj.{name}"] for name in DYNAMIC)
+    dynamic = math.fsum(s[f"compute.energy_fj.{name}"] / 1000 for name in DYNAMIC)
     assert dynamic == pytest.approx(math.fsum(c.dynamic_energy_pj for c in costs))
-    per_core = math.fsum(s[f"core.{i}.energy_pj"] for i in range(NPU_M.cores))
+    per_core = math.fsum(s[f"core.{i}.energy_fj"] / 1000 for i in range(NPU_M.cores))
     assert per_core == pytest.approx(dynamic)
 
 
@@ -228,11 +229,12 @@ def test_dma_energy_by_hand():
     dev.synchronize()
     n = x.nbytes
     s = dev.stats()
-    assert s["dma.energy_pj.dma"] == pytest.approx(2 * n * NPU_M.dma_pj_per_byte)
-    assert s["dma.energy_pj.host_link"] == pytest.approx(n * NPU_M.host_link_pj_per_byte)
-    assert s["dma.energy_pj.hbm"] == pytest.approx(3 * n * NPU_M.hbm_pj_per_byte)
+    assert s["dma.energy_fj.dma"] / 1000 == pytest.approx(2 * n * NPU_M.dma_pj_per_byte)
+    assert s["dma.energy_fj.host_link"] / 1000 == pytest.approx(
+        n * NPU_M.host_link_pj_per_byte)
+    assert s["dma.energy_fj.hbm"] / 1000 == pytest.approx(3 * n * NPU_M.hbm_pj_per_byte)
     total = math.fsum(math.fsum(r.work["energy"].values()) for r in dev.trace.records)
-    per_channel = math.fsum(s[f"dma.{ch}.energy_pj"] for ch in range(NPU_M.dma_channels))
+    per_channel = math.fsum(s[f"dma.{ch}.energy_fj"] for ch in range(NPU_M.dma_channels)) / 1000
     assert total == pytest.approx(per_channel)
 
 
@@ -275,9 +277,9 @@ def test_run_energy_adds_up_over_launches_transfers_and_engines():
 
 def test_run_energy_is_additive_over_partitions():
     def counters(scale):
-        return {"compute.macs": 1000 * scale, "compute.energy_pj.array": 10.0 * scale,
-                "dma.energy_pj.hbm": 5.0 * scale, "core.0.energy_pj": 10.0 * scale,
-                "dma.0.energy_pj": 5.0 * scale}
+        return {"compute.macs": 1000 * scale, "compute.energy_fj.array": 10_000 * scale,
+                "dma.energy_fj.hbm": 5_000 * scale, "core.0.energy_fj": 10_000 * scale,
+                "dma.0.energy_fj": 5_000 * scale}
 
     runs = {"a": {"cycles": 100, "counters": counters(1)},
             "b": {"cycles": 300, "counters": counters(2)}}

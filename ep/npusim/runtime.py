@@ -103,14 +103,14 @@ def run_energy(config: DeviceConfig, span: int, counters: dict[str, float]) -> d
     leak = span * config.leakage_pj_per_core_cycle
     by_component: dict[str, float] = {}
     for key, value in counters.items():
-        for prefix in ("compute.energy_pj.", "dma.energy_pj."):
+        for prefix in ("compute.energy_fj.", "dma.energy_fj."):
             if key.startswith(prefix):
                 part = key[len(prefix):]
-                by_component[part] = by_component.get(part, 0.0) + value
+                by_component[part] = by_component.get(part, 0.0) + value / 1000
     by_component["leakage"] = config.cores * leak
-    by_engine = {f"core.{c}": counters.get(f"core.{c}.energy_pj", 0.0) + leak
+    by_engine = {f"core.{c}": counters.get(f"core.{c}.energy_fj", 0) / 1000 + leak
                  for c in range(config.cores)}
-    by_engine.update({f"dma.{ch}": counters.get(f"dma.{ch}.energy_pj", 0.0)
+    by_engine.update({f"dma.{ch}": counters.get(f"dma.{ch}.energy_fj", 0) / 1000
                       for ch in range(config.dma_channels)})
     total = math.fsum(by_component.values())
     seconds = span / (config.clock_ghz * 1e9)

@@ -25,6 +25,15 @@ from collections.abc import Iterator, Mapping
 from ..config import DeviceConfig
 from .systolic import ACC_BYTES
 
+
+def femtojoules(pj: float) -> int:
+    """``pj`` picojoules as whole femtojoules: the device's energy counters are integers, so
+    they add up to the same total in any order (a replayed run's counters equal a simulated
+    run's bit for bit) and a sub-femtojoule rounding per action is far below the model's
+    accuracy."""
+    return round(pj * 1000)
+
+
 DYNAMIC = ("array", "vector", "sram_read", "sram_write", "hbm")
 """The dynamic components; ``leakage`` is the static one."""
 

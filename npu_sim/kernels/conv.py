@@ -35,9 +35,13 @@ import numpy as np
 from numba import njit
 
 from ..errors import KernelError
+from . import blas
 from .gemm import finish, same_dtype, to_compute
 from .limits import check_elements
 from .registry import kernel
+
+#: Depthwise convolutions of at least this many MACs run on the kernels' thread pool.
+DEPTHWISE_SPLIT_MACS = 1 << 18
 
 #: Highest spatial rank the window kernels take.
 MAX_SPATIAL = 3
@@ -226,35 +230,52 @@ def im2col(x: np.ndarray, win: Window, cols: np.ndarray) -> None:
     np.copyto(cols.reshape(view.shape), view)
 
 
-# Serial on purpose: it sits between BLAS-backed convolutions whose threads keep spinning for a
-# while after a GEMM; a parallel loop there fights them for the cores (measured slower end to end).
-@njit(cache=True)
+# nogil: conv_nd runs it on ranges of channels on the kernels' thread pool (npu_sim.kernels.blas),
+# whose threads wait without spinning; a numba parallel loop here fought OpenBLAS's spinning ones.
+@njit(cache=True, nogil=True)
 def _depthwise(x, w, mult, st, di, pb, out):  # pragma: no cover - compiled
-    """Direct conv with one input channel per group: out (N, M, OD, OH, OW), zero-filled."""
+    """Direct conv with one input channel per group: out (N, M, OD, OH, OW), zero-filled.
+
+    Each output element adds its in-bounds taps in (i, j, l) order, as a loop per element
+    would, but the innermost loop runs along an output row over the range of columns whose
+    tap lies inside the input (computed once per tap), so it has no branch and vectorizes.
+    """
     N, M, OD, OH, OW = out.shape
     D, H, W = x.shape[2], x.shape[3], x.shape[4]
     KD, KH, KW = w.shape[2], w.shape[3], w.shape[4]
+    lo = np.empty(KW, np.int64)
+    hi = np.empty(KW, np.int64)
+    for lw in range(KW):  # columns e with 0 <= e * st - pb + lw * di < W
+        first = pb[2] - lw * di[2]
+        lo[lw] = min(OW, max(0, -(-first // st[2])))
+        last = W - 1 + pb[2] - lw * di[2]
+        hi[lw] = 0 if last < 0 else min(OW, last // st[2] + 1)
+    s2 = st[2]
     for t in range(N * M):
         n = t // M
         m = t % M
         c = m // mult
         for a in range(OD):
-            for b in range(OH):
-                for e in range(OW):
-                    acc = out[n, m, a, b, e]
-                    for i in range(KD):
-                        z = a * st[0] - pb[0] + i * di[0]
-                        if z < 0 or z >= D:
+            for i in range(KD):
+                z = a * st[0] - pb[0] + i * di[0]
+                if z < 0 or z >= D:
+                    continue
+                for j in range(KH):
+                    for b in range(OH):
+                        y = b * st[1] - pb[1] + j * di[1]
+                        if y < 0 or y >= H:
                             continue
-                        for j in range(KH):
-                            y = b * st[1] - pb[1] + j * di[1]
-                            if y < 0 or y >= H:
-                                continue
-                            for lw in range(KW):
-                                xx = e * st[2] - pb[2] + lw * di[2]
-                                if 0 <= xx < W:
-                                    acc += x[n, c, z, y, xx] * w[m, 0, i, j, lw]
-                    out[n, m, a, b, e] = acc
+                        row = out[n, m, a, b]
+                        src = x[n, c, z, y]
+                        for lw in range(KW):
+                            wv = w[m, 0, i, j, lw]
+                            off = lw * di[2] - pb[2]
+                            if s2 == 1:  # contiguous: a loop of its own, vectorized
+                                for e in range(lo[lw], hi[lw]):
+                                    row[e] += src[e + off] * wv
+                            else:
+                                for e in range(lo[lw], hi[lw]):
+                                    row[e] += src[e * s2 + off] * wv
 
 
 @njit(cache=True)  # serial for the same reason as _depthwise
@@ -341,11 +362,16 @@ def conv_nd(
         y = np.empty((n, m, pixels), x.dtype)
         with np.errstate(all="ignore"):  # inf/NaN inputs give inf/NaN, not warnings
             for i in range(n):  # 2-D products: numpy hands those to BLAS without a batch loop
-                np.matmul(w2, view[i].reshape(c, pixels), out=y[i])
+                blas.matmul(w2, view[i].reshape(c, pixels), out=y[i])
         return y.reshape((n, m) + win.out)
     if group > 1 and w.shape[1] == 1:
         y5 = np.zeros((n, m) + out3, x.dtype)
-        _depthwise(x5, np.ascontiguousarray(as5d(w)), m // c, st3, di3, pb3, y5)
+        w5, mult = np.ascontiguousarray(as5d(w)), m // c
+        if y5.size * math.prod(win.kernel) < DEPTHWISE_SPLIT_MACS:
+            _depthwise(x5, w5, mult, st3, di3, pb3, y5)
+        else:  # channel ranges (whole groups) on the pool's threads
+            blas.spread(c, lambda lo, hi: _depthwise(x5[:, lo:hi], w5[lo * mult:hi * mult], mult,
+                                                     st3, di3, pb3, y5[:, lo * mult:hi * mult]))
         return y5.reshape((n, m) + win.out)
     rows = c * int(np.prod(k3))
     # pads, strides and dilations size the temporaries too, not only the output
@@ -359,7 +385,7 @@ def conv_nd(
     for i in range(n):
         im2col(x5[i], win, cols)
         for g in range(group):
-            np.matmul(wg[g], cols[g * step : (g + 1) * step], out=y[i, g])
+            blas.matmul(wg[g], cols[g * step : (g + 1) * step], out=y[i, g])
     return y.reshape((n, m) + win.out)
 
 

@@ -12,6 +12,7 @@ kernels use for the same conventions.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import KernelError
+from . import blas
 from .registry import kernel
 
 #: Float dtypes the compute kernels take; all are computed in float32.
@@ -110,9 +112,14 @@ def matmul(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> lis
             raise KernelError("MatMul", "", f"transB=1 needs a 2-D B, got shape {b.shape}")
         b = b.T
     dtype = same_dtype("MatMul", {"A": a, "B": b})
-    matmul_shape("MatMul", a.shape, b.shape)
+    out = matmul_shape("MatMul", a.shape, b.shape)
+    a32, b32 = to_compute("MatMul", "A", a), to_compute("MatMul", "B", b)
     with np.errstate(all="ignore"):  # inf/NaN operands give inf/NaN results, not warnings
-        y = np.matmul(to_compute("MatMul", "A", a), to_compute("MatMul", "B", b))
+        if a.ndim >= 2 and b.ndim >= 2:
+            y = blas.matmul(a32, b32)
+        else:
+            with blas.threads_for(math.prod(out) * a.shape[-1]):
+                y = np.matmul(a32, b32)
     return [finish(np.asarray(y), attrs, dtype)]
 
 
@@ -140,7 +147,7 @@ def gemm(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[
         )
     alpha = np.float32(attrs.get("alpha", 1.0))
     beta = np.float32(attrs.get("beta", 1.0))
-    y = a32 @ b32
+    y = blas.matmul(a32, b32)
     if alpha != 1.0:
         y *= alpha
     if c is not None:

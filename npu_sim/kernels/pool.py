@@ -42,9 +42,21 @@ def _taps(o, stride, pad, dil, kernel, size):  # pragma: no cover - compiled
     return start, lo, max(lo, min(kernel, hi))
 
 
+def _empty(dims: tuple[int, ...], rank: int, col_major: bool) -> int:
+    """The index onnxruntime gives a window that holds only padding: its per-rank offset
+    formula with every coordinate left at -1 (``dims`` the (D, H, W) view of the input)."""
+    d, h, w = dims
+    if rank == 1:
+        return -1
+    if rank == 2:
+        return -1 - h if col_major else -w - 1
+    return -1 - d - d * h if col_major else -h * w - w - 1
+
+
 @njit(cache=True)
-def _max_pool(x, k, st, di, pb, col_major, out, idx):  # pragma: no cover - compiled
-    """x (P, D, H, W) float32 -> out, idx (P, OD, OH, OW); padding never wins."""
+def _max_pool(x, k, st, di, pb, col_major, empty, out, idx):  # pragma: no cover - compiled
+    """x (P, D, H, W) float32 -> out, idx (P, OD, OH, OW); padding never wins. A window with
+    no input element in it gets the lowest float and index ``empty`` (see :func:`_empty`)."""
     P, D, H, W = x.shape
     OD, OH, OW = out.shape[1], out.shape[2], out.shape[3]
     kd, kh, kw = k[0], k[1], k[2]
@@ -61,7 +73,7 @@ def _max_pool(x, k, st, di, pb, col_major, out, idx):  # pragma: no cover - comp
                 for e in range(OW):
                     x0, l_lo, l_hi = _taps(e, sw, pw, dw, kw, W)
                     best = lowest
-                    where = -1
+                    where = empty
                     for i in range(i_lo, i_hi):
                         z = z0 + i * dd
                         for j in range(j_lo, j_hi):
@@ -168,7 +180,8 @@ def max_pool(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> l
     planes = _planes(x.astype(np.float32, copy=False))
     out = np.empty((planes.shape[0],) + _out3(win), np.float32)
     idx = np.empty(out.shape, np.int64)
-    _max_pool(planes, k3, st3, di3, pb3, storage_order == 1, out, idx)
+    _max_pool(planes, k3, st3, di3, pb3, storage_order == 1,
+              _empty(planes.shape[1:], len(win.out), storage_order == 1), out, idx)
     shape = x.shape[:2] + win.out
     return [out.reshape(shape).astype(x.dtype), idx.reshape(shape)]
 

@@ -145,6 +145,24 @@ class TraceRecorder:
         return rid
 
     @property
+    def next_id(self) -> int:
+        """The id the next record will get."""
+        return self._next_id
+
+    def extend(self, records: Iterable[TraceRecord]) -> None:
+        """Append records built elsewhere (a replayed run's copies), whatever their fields.
+
+        Their ids must continue this recorder's sequence and their deps name earlier records.
+        """
+        for rec in records:
+            if rec.id != self._next_id or (rec.deps and not 0 <= rec.deps[0] <= rec.deps[-1]
+                                           < rec.id):
+                raise ValueError(f"trace record {rec.name!r}: id {rec.id} deps {rec.deps}; "
+                                 f"expected id {self._next_id} and earlier deps")
+            self._records.append(rec)
+            self._next_id += 1
+
+    @property
     def records(self) -> tuple[TraceRecord, ...]:
         """All records, in id order."""
         return tuple(self._records)

@@ -62,6 +62,19 @@ def test_max_pool_and_indices_match_ort(case, seed, dtype):
         check_against_ort("MaxPool", [x], attrs, n_outputs=2)
 
 
+@pytest.mark.parametrize("storage_order", [0, 1])
+@pytest.mark.parametrize(("shape", "kernel"), [
+    ((1, 1, 1), [2]), ((1, 2, 1, 3), [2, 1]), ((1, 1, 2, 1), [1, 2]),
+    ((1, 1, 1, 2, 3), [2, 1, 1]), ((1, 1, 2, 1, 3), [1, 2, 1]), ((2, 1, 2, 3, 1), [1, 1, 2]),
+])
+def test_max_pool_windows_of_only_padding_get_onnxruntimes_index(shape, kernel, storage_order):
+    # a size-1 dim, a kernel of 2 taps dilated by 2 and one pad each side: no tap is inside
+    attrs = {"kernel_shape": kernel, "dilations": kernel, "storage_order": storage_order,
+             "pads": [k - 1 for k in kernel] * 2}
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    check_against_ort("MaxPool", [x], attrs, n_outputs=2)
+
+
 @settings(max_examples=40, deadline=None)
 @given(case=pool_case("AveragePool"), seed=seeds, dtype=st.sampled_from(FLOATS))
 def test_average_pool_matches_ort(case, seed, dtype):

@@ -1,0 +1,178 @@
+"""Speed benchmark of issue 13: every figure against its target, as ratios measured in one run.
+
+For each model of the bench set (``bench/speed_models.py``: a 100-op elementwise chain,
+light_resnet50, a MobileNet-V3-like and an EfficientNet-like net, BERT-base at sequence 128, a
+GPT-2-small-sized decoder at sequence 64) in this process, against onnxruntime's CPU provider
+with the same thread count (intra-op threads = the cores this process may use, as numba's and
+OpenBLAS's pools):
+
+- functional run time, NpuSim / onnxruntime, outputs checked against onnxruntime's;
+- session creation from the source model, NpuSim / onnxruntime (median of ``--repeat``);
+- session creation from the EPContext model: the source median over the slowest of 9 loads;
+- timing-only runs (``functional=0``): the chain against onnxruntime, light_resnet50 in ms;
+- host memory: peak RSS growth over 100 functional runs of light_resnet50 after a warm-up.
+
+Runs alternate in blocks (all NpuSim runs of a round, then all onnxruntime runs), and each figure
+is the median over rounds: the machine is shared, so single timings are noise.
+
+Run: ``python bench/bench_speed.py [--models chain,light_resnet50,...] [--repeat N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+sys.path.insert(0, str(Path(__file__).parent))
+import speed_models  # noqa: E402
+
+import ep  # noqa: E402
+
+THREADS = len(os.sched_getaffinity(0))
+RUN_TARGET = {"chain": 20.0, "light_resnet50": 2.0}  # others: 3.0
+
+
+class Table:
+    """Rows of (figure, measured, target, met) printed at the end."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, str, bool]] = []
+
+    def add(self, figure: str, value: float, target: float, *, unit: str = "x",
+            at_least: bool = False) -> None:
+        met = value >= target if at_least else value <= target
+        sign = ">=" if at_least else "<="
+        text = f"{value:.2g}" if value and abs(value) < 0.01 else f"{value:.2f}"
+        self.rows.append((figure, f"{text}{unit}", f"{sign} {target:g}{unit}", met))
+        print(f"  {figure}: {text}{unit} (target {sign} {target:g}{unit})", flush=True)
+
+    def print(self) -> None:
+        width = max(len(r[0]) for r in self.rows)
+        print(f"\n{'figure':<{width}}  {'measured':>10}  {'target':>10}  result")
+        for figure, value, target, met in self.rows:
+            print(f"{figure:<{width}}  {value:>10}  {target:>10}  {'pass' if met else 'SHORT'}")
+        print(f"{sum(r[3] for r in self.rows)} of {len(self.rows)} figures meet their target")
+
+
+def seconds(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def paired_medians(a: Callable[[], object], b: Callable[[], object], rounds: int,
+                   block: int) -> tuple[float, float]:
+    """Median seconds of ``a`` and of ``b``, timed in alternating blocks of ``block`` calls."""
+    ta, tb = [], []
+    for _ in range(rounds):
+        ta += [seconds(a) for _ in range(block)]
+        tb += [seconds(b) for _ in range(block)]
+    return statistics.median(ta), statistics.median(tb)
+
+
+def ort_session(path: Path) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = THREADS
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def error(got: list[np.ndarray], want: list[np.ndarray]) -> float:
+    """The largest difference from onnxruntime's outputs, relative to each output's scale."""
+    worst = 0.0
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, g.dtype, w.shape, w.dtype)
+        if w.size:
+            scale = max(float(np.max(np.abs(w))), 1.0)
+            worst = max(worst, float(np.max(np.abs(g.astype(np.float64) - w))) / scale)
+    return worst
+
+
+def bench_model(name: str, folder: Path, table: Table, repeat: int) -> None:
+    path, feeds = speed_models.BENCH_SET[name](folder)
+    print(f"{name}:", flush=True)
+    bench_runs(name, path, feeds, table, repeat)
+    if name != "chain":  # the creation targets are for the bench set's models
+        bench_creation(name, path, table, repeat)
+
+
+def bench_runs(name: str, path: Path, feeds: dict[str, np.ndarray], table: Table,
+               repeat: int) -> None:
+    cpu = ort_session(path)
+    npu = ep.InferenceSession(str(path))  # warm: numba kernels compiled or loaded from cache
+    table.add(f"{name} outputs: max error / scale vs onnxruntime",
+              error(npu.run(None, feeds), cpu.run(None, feeds)), 1e-4, unit="")
+    for _ in range(2):
+        npu.run(None, feeds), cpu.run(None, feeds)
+    block = max(1, min(10, int(0.3 / max(seconds(lambda: cpu.run(None, feeds)), 1e-6))))
+    t_npu, t_cpu = paired_medians(lambda: npu.run(None, feeds), lambda: cpu.run(None, feeds),
+                                  repeat, block)
+    print(f"  run: NpuSim {t_npu * 1e3:.2f} ms, onnxruntime {t_cpu * 1e3:.2f} ms")
+    table.add(f"{name} functional run / onnxruntime", t_npu / t_cpu, RUN_TARGET.get(name, 3.0))
+
+    if name in ("chain", "light_resnet50"):
+        timing = ep.InferenceSession(str(path), providers=[
+            ("NpuSimExecutionProvider", {"functional": "0"})])
+        timing.run(None, feeds)
+        t_time, t_cpu = paired_medians(lambda: timing.run(None, feeds),
+                                       lambda: cpu.run(None, feeds), repeat, block)
+        if name == "chain":
+            table.add("chain timing-only run / onnxruntime", t_time / t_cpu, 20.0)
+        else:
+            table.add("light_resnet50 timing-only run", t_time * 1e3, 10.0, unit=" ms")
+    if name == "light_resnet50":
+        memory(npu, feeds, table)
+
+
+def bench_creation(name: str, path: Path, table: Table, repeat: int) -> None:
+    creations = [paired_medians(lambda: ep.InferenceSession(str(path)),
+                                lambda: ort_session(path), 1, 1) for _ in range(repeat)]
+    t_src = statistics.median(c[0] for c in creations)
+    t_ort = statistics.median(c[1] for c in creations)
+    print(f"  creation: NpuSim {t_src * 1e3:.1f} ms, onnxruntime {t_ort * 1e3:.1f} ms")
+    table.add(f"{name} creation from source / onnxruntime", t_src / t_ort, 2.0)
+    options = ep.SessionOptions()
+    options.add_session_config_entry("ep.context_enable", "1")
+    ep.InferenceSession(str(path), options)
+    ctx = path.with_name(f"{path.stem}_ctx.onnx")
+    loads = [seconds(lambda: ep.InferenceSession(str(ctx))) for _ in range(9)]
+    print(f"  EPContext loads: {', '.join(f'{t * 1e3:.1f}' for t in loads)} ms")
+    table.add(f"{name} creation source / EPContext (slowest of 9)", t_src / max(loads), 10.0,
+              at_least=True)
+
+
+def memory(npu: ep.InferenceSession, feeds: dict[str, np.ndarray], table: Table) -> None:
+    """Peak RSS growth over 100 runs after a warm-up (outputs are dropped each run)."""
+    for _ in range(5):
+        npu.run(None, feeds)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for _ in range(100):
+        npu.run(None, feeds)
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    table.add("light_resnet50 peak RSS growth over 100 runs", grown, 1.0, unit=" MiB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(speed_models.BENCH_SET))
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    table = Table()
+    print(f"{THREADS} threads; onnxruntime {ort.__version__}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            bench_model(name, Path(tmp), table, args.repeat)
+    table.print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""BLAS thread control: small GEMMs on one thread, the library's own setting restored after."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from threadpoolctl import ThreadpoolController
+
+from npu_sim.kernels import blas
+
+
+def blas_threads() -> list[int]:
+    return [lib.get_num_threads() for lib in ThreadpoolController().select(user_api="blas")
+            .lib_controllers]
+
+
+def test_a_small_gemm_runs_on_one_thread_and_the_setting_comes_back() -> None:
+    np.ones((2, 2)) @ np.ones((2, 2))  # numpy's BLAS is loaded
+    before = blas_threads()
+    assert before
+    with blas.threads_for(blas.SMALL_MACS - 1):
+        assert blas_threads() == [1] * len(before)
+    assert blas_threads() == before
+    with blas.threads_for(blas.SMALL_MACS):
+        assert blas_threads() == before
+
+
+def test_the_setting_comes_back_when_the_gemm_raises() -> None:
+    before = blas_threads()
+    with pytest.raises(ValueError), blas.threads_for(1):
+        np.ones((2, 3)) @ np.ones((2, 3))
+    assert blas_threads() == before
+
+
+def test_one_thread_nests_and_restores_at_the_outermost_exit() -> None:
+    np.ones((2, 2)) @ np.ones((2, 2))
+    before = blas_threads()
+    with blas.one_thread():
+        with blas.one_thread():
+            assert blas_threads() == [1] * len(before)
+        assert blas_threads() == [1] * len(before)
+    assert blas_threads() == before
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape"), [
+    ((512, 2304), (2304, 196)),  # split by rows over the pool
+    ((1, 128, 768), (768, 3072)),  # broadcast batch
+    ((12, 128, 64), (12, 64, 128)),  # batched
+    ((3, 5), (5, 7)),  # small: one call
+    ((1, 4096), (4096, 9000)),  # one row: nothing to split
+])
+def test_matmul_equals_numpy(a_shape, b_shape) -> None:
+    r = np.random.default_rng(0)
+    a = r.standard_normal(a_shape).astype(np.float32)
+    b = r.standard_normal(b_shape).astype(np.float32)
+    want = np.matmul(a, b)
+    got = blas.matmul(a, b)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    out = np.empty_like(want)
+    assert blas.matmul(a, b, out=out) is out
+    np.testing.assert_array_equal(out, got)
