@@ -4,7 +4,8 @@ For any generated model (arbitrary, CNN-like, transformer-like; float32 and floa
 plus CPU-only ops that force partition boundaries; quantize/dequantize pairs): NPU+CPU
 execution matches onnxruntime CPU, with NaN and infinities in the inputs too and on any device
 config; compiling, saving as an EPContext model (embed modes 0 and 1) and reloading gives
-identical outputs; timing-only and functional runs take identical simulated cycles. CI runs them
+identical outputs; timing-only and functional runs take identical simulated cycles; a recorded
+trace replays to its makespan, recorded and elastic under its own config. CI runs them
 derandomized (tests/conftest.py).
 """
 
@@ -22,6 +23,8 @@ from hypothesis import strategies as st
 import ep
 from ep.testing import assert_matches_onnxruntime
 from ep.testing.strategies import device_configs, feeds, models, npu_ops
+from npu_sim.trace import load as load_trace
+from npu_sim.trace import replay
 
 NPU = "NpuSimExecutionProvider"
 
@@ -107,3 +110,24 @@ def test_any_device_config_gives_onnxruntimes_results(data):
         path.write_text(json.dumps(config.to_dict()))
         providers = [(NPU, {"device": str(path)}), "CPUExecutionProvider"]
         assert assert_matches_onnxruntime(model, inputs, providers) is not None
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_a_recorded_trace_replays_to_its_makespan(data):
+    model = data.draw(models(max_nodes=6), label="model")
+    inputs = data.draw(feeds(model), label="feeds")
+    with tempfile.TemporaryDirectory() as folder:
+        options = ep.SessionOptions()
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(folder) / "prof")
+        session = ep.InferenceSession(model.SerializeToString(), options,
+                                      providers=[NPU, "CPUExecutionProvider"])
+        for _ in range(2):
+            session.run(None, inputs)
+        profile = session.end_profiling()
+        trace_file = Path(profile[:-len(".json")] + ".trace.jsonl")
+        assume(trace_file.exists())  # a model with nothing on the NPU records no device trace
+        trace = load_trace(trace_file)
+    assert replay(trace, mode="recorded").makespan == trace.makespan
+    assert replay(trace, trace.config, "elastic").makespan == trace.makespan
