@@ -32,6 +32,7 @@ What makes it exact:
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -318,12 +319,15 @@ class Schedule:
 
     def _emit(self, device: Any, iovas: list[int]) -> None:
         """Copies of the recorded trace records, rebased to the current ids, clock and host
-        addresses."""
+        addresses; built only when someone reads the trace (:meth:`TraceRecorder.defer`)."""
         trace = device.trace
-        id_shift = trace.next_id - self.first_id
-        transfer_shift = device.dma.transfers - self.transfers
-        cycle_shift = device.now - self.start
-        rebase = _Rebase(self.iovas, iovas) if self.host_records else None
+        shifts = (trace.next_id - self.first_id, device.dma.transfers - self.transfers,
+                  device.now - self.start)
+        rebase = _Rebase(self.iovas, list(iovas)) if self.host_records else None
+        trace.defer(len(self.records), functools.partial(self._copies, shifts, rebase))
+
+    def _copies(self, shifts: tuple[int, int, int], rebase: _Rebase | None) -> list[TraceRecord]:
+        id_shift, transfer_shift, cycle_shift = shifts
         new = object.__new__
         out = []
         for k, fields in enumerate(self.records):
@@ -337,4 +341,4 @@ class Schedule:
             rec.__dict__.update(fields)
             # every cycle field and id moves; the rest is copied as recorded
             out.append(rec.shifted(cycle_shift, id_shift))
-        trace.extend(out)
+        return out

@@ -203,7 +203,7 @@ class NpuSimCompiledNode(CompiledNode):
             outputs = self.runtime.run(self.name, self.loaded, feeds)
             self.last_stats = self.runtime.last_run_stats()
             if self.recording is not None:
-                self.recording.add_run(self.name, self.runtime.device.trace.records,
+                self.recording.add_run(self.name, self.runtime.device.trace.snapshot(),
                                        *self.runtime.last_span)
         if self._on_run is not None:
             self._on_run(self.name)

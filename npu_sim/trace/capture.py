@@ -34,16 +34,17 @@ class Recording:
         self.model = model
         self.sdk_version = sdk_version
         self.meta = dict(meta or {})
-        self._runs: list[tuple[str, tuple[TraceRecord, ...], int, int]] = []
+        self._runs: list[tuple[str, Iterable[TraceRecord], int, int]] = []
 
     def __len__(self) -> int:
         """Runs recorded."""
         return len(self._runs)
 
     def add_run(self, name: str, records: Iterable[TraceRecord], start: int, end: int) -> None:
-        """Keep one run's records (in id order); stitching waits for :meth:`trace`, so a run
-        costs the session no more than a copy of its record list."""
-        self._runs.append((name, tuple(records), int(start), int(end)))
+        """Keep one run's records (in id order; a recorder's :meth:`~TraceRecorder.snapshot`
+        keeps even building them for later): stitching waits for :meth:`trace`, so a run costs
+        the session next to nothing."""
+        self._runs.append((name, records, int(start), int(end)))
 
     def trace(self) -> Trace:
         """Everything recorded so far as one :class:`Trace` (see the module doc).
@@ -53,7 +54,7 @@ class Recording:
         out: list[TraceRecord] = []
         last_host: int | None = None
         for name, records, start, end in self._runs:
-            last_host = _stitch(out, name, records, start, end, last_host)
+            last_host = _stitch(out, name, tuple(records), start, end, last_host)
         return Trace(self.config, tuple(out), self.model, self.sdk_version, dict(self.meta))
 
 

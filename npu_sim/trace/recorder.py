@@ -21,7 +21,7 @@ last record (:func:`tag`), so whoever waits on an event can name it as a depende
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,8 +97,9 @@ class TraceRecorder:
     """
 
     def __init__(self) -> None:
-        self._records: list[TraceRecord] = []
+        self._records: list[TraceRecord | _Deferred] = []
         self._next_id = 0
+        self._deferred = 0  # entries of _records that are _Deferred
 
     def record(
         self,
@@ -149,30 +150,76 @@ class TraceRecorder:
         """The id the next record will get."""
         return self._next_id
 
-    def extend(self, records: Iterable[TraceRecord]) -> None:
-        """Append records built elsewhere (a replayed run's copies), whatever their fields.
-
-        Their ids must continue this recorder's sequence and their deps name earlier records.
-        """
-        for rec in records:
-            if rec.id != self._next_id or (rec.deps and not 0 <= rec.deps[0] <= rec.deps[-1]
-                                           < rec.id):
-                raise ValueError(f"trace record {rec.name!r}: id {rec.id} deps {rec.deps}; "
-                                 f"expected id {self._next_id} and earlier deps")
-            self._records.append(rec)
-            self._next_id += 1
+    def defer(self, count: int, make: Callable[[], Sequence[TraceRecord]]) -> None:
+        """Reserve the next ``count`` ids for records that ``make()`` builds when they are first
+        read: a replayed run re-emits its records in one call, and a run nobody reads the trace
+        of never pays for building them. ``make`` must give records with exactly those ids
+        (whatever their other fields), each depending only on earlier records, and give the
+        same records however often it is called."""
+        if count:
+            self._records.append(_Deferred(self._next_id, count, make))
+            self._next_id += count
+            self._deferred += 1
 
     @property
     def records(self) -> tuple[TraceRecord, ...]:
         """All records, in id order."""
+        if self._deferred:
+            self._records = list(_built(self._records))
+            self._deferred = 0
         return tuple(self._records)
+
+    def snapshot(self) -> Iterable[TraceRecord]:
+        """The records as they stand, without building deferred ones yet: they are built when
+        the snapshot is iterated (a profiling session keeps each run's snapshot and builds the
+        records once, when it writes the trace)."""
+        return _Snapshot(tuple(self._records))
 
     def clear(self) -> None:
         """Forget every record (ids keep counting up)."""
         self._records.clear()
+        self._deferred = 0
 
     def __len__(self) -> int:
-        return len(self._records)
+        return sum(r.count if isinstance(r, _Deferred) else 1 for r in self._records) \
+            if self._deferred else len(self._records)
+
+
+@dataclass(frozen=True)
+class _Deferred:
+    """Ids ``first .. first + count - 1``, whose records ``make()`` builds when read."""
+
+    first: int
+    count: int
+    make: Callable[[], Sequence[TraceRecord]]
+
+
+def _built(entries: Iterable[TraceRecord | _Deferred]) -> Iterator[TraceRecord]:
+    """The records of ``entries`` with every deferred run built and checked."""
+    for entry in entries:
+        if not isinstance(entry, _Deferred):
+            yield entry
+            continue
+        records = entry.make()
+        ids = [r.id for r in records]
+        if ids != list(range(entry.first, entry.first + entry.count)) or any(
+                r.deps and not 0 <= r.deps[0] <= r.deps[-1] < r.id for r in records):
+            raise ValueError(f"deferred trace records have ids {ids[:3]}...; expected "
+                             f"{entry.first}..{entry.first + entry.count - 1}, each depending "
+                             "on earlier records")
+        yield from records
+
+
+class _Snapshot:
+    """A recorder's entries at one moment; deferred records are built when iterated."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self, entries: tuple[TraceRecord | _Deferred, ...]) -> None:
+        self._entries = entries
+
+    def __iter__(self) -> Iterator[TraceRecord]:
+        return _built(self._entries)
 
 
 def tag(event: Any, record_id: int) -> None:
