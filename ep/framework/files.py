@@ -18,9 +18,10 @@ import contextlib
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+
+from npu_sim.files import write_atomic
 
 from ..errors import Fail
 
@@ -33,26 +34,14 @@ def temp_prefix(name: str = "") -> str:
 
 
 def atomic_write(path: str | os.PathLike[str], chunks: Iterable[bytes]) -> None:
-    """Write ``chunks`` to ``path`` atomically (temporary file, fsync, rename); an OS error is
-    ``Fail`` naming the file and the reason, with nothing left behind."""
+    """Write ``chunks`` to ``path`` atomically (:func:`npu_sim.files.write_atomic`, with this
+    process's temporary name); an OS error is ``Fail`` naming the file and the reason, with
+    nothing left behind."""
     target = Path(path)
-    temp: str | None = None
     try:
-        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=temp_prefix(target.name),
-                                    suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, target)
-    except BaseException as exc:
-        if temp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-        if isinstance(exc, OSError):
-            raise Fail(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
-        raise
+        write_atomic(target, chunks, prefix=temp_prefix(target.name))
+    except OSError as exc:
+        raise Fail(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
 
 
 def _alive(pid: int) -> bool:

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TraceError
-from .format import Trace, load, write_atomic
+from ..files import write_atomic
+from .format import Trace, load
 from .recorder import TraceRecord
 
 EXPORTERS: dict[str, type[Exporter]] = {}

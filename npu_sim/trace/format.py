@@ -14,10 +14,8 @@ announces. Writing is atomic: a temporary file in the target's folder, renamed o
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +23,7 @@ from typing import Any
 
 from ..config import DeviceConfig
 from ..errors import ConfigError, TraceError
+from ..files import write_atomic
 from .recorder import EDGE_KINDS, KINDS, TraceRecord
 
 FORMAT = "npu-sim-trace"
@@ -97,27 +96,6 @@ def lines(trace: Trace) -> Iterator[bytes]:
 def save(trace: Trace, path: str | os.PathLike[str]) -> Path:
     """Write ``trace`` to ``path`` atomically; returns the path."""
     return write_atomic(path, lines(trace))
-
-
-def write_atomic(path: str | os.PathLike[str], chunks: Iterable[bytes]) -> Path:
-    """Write ``chunks`` to ``path`` through a temporary file renamed over it: a reader sees the
-    old file or the whole new one, and a failure leaves nothing behind."""
-    target = Path(path)
-    fd, temp = tempfile.mkstemp(dir=target.parent or ".", prefix=f".{target.name}.",
-                                suffix=".tmp")
-    try:
-        os.chmod(temp, 0o644)  # mkstemp makes it private; a trace is an ordinary file
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-    return target
 
 
 def _plain(value: Any) -> Any:

@@ -32,7 +32,8 @@ from typing import Any
 
 from ..config import DeviceConfig
 from ..errors import ConfigError, TraceError
-from .format import Trace, load, write_atomic
+from ..files import write_atomic
+from .format import Trace, load
 from .retime import SplitRule
 
 if sys.version_info >= (3, 11):
