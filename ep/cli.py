@@ -7,6 +7,7 @@ parser and sets ``handler``; :func:`main` parses and dispatches. Subcommands:
   ``tiny_cnn``) on the simulated NPU with CPU fallback and print the partitioning, the simulated
   latency, throughput and per-engine utilization; ``--check`` compares with onnxruntime CPU
   (always done for the bundled model) and exits with status 1 on a mismatch.
+- ``npu-sim compile MODEL``: an EPContext model and its context binary (:mod:`ep.cli_compile`).
 - ``npu-sim devices``: every device preset with its key figures.
 - ``npu-sim inspect FILE``: print everything a context binary holds (header, section table,
   every graph with its tensors, launches and decoded commands, and how the weights blob is
@@ -24,7 +25,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from ep import cli_run, cli_trace
+from ep import cli_compile, cli_run, cli_trace
 from ep.errors import OrtError
 from ep.npusim.binary import ContextBinary, SectionEntry, SectionKind
 from firmware_model import commands as fc
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show the full traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
     cli_run.add_run(commands)
+    cli_compile.add_compile(commands)
     _add_devices(commands)
     _add_inspect(commands)
     cli_trace.add_export(commands)
