@@ -69,7 +69,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     try:
         outputs = session.run(None, feeds)
     except OrtError as exc:
-        raise type(exc)(f"{exc.message} (inputs: {describe_feeds(feeds)})") from exc
+        raise type(exc)(f"{blame_inputs(model, feeds)}{exc.message}") from exc
     report: dict[str, Any] = {"model": label, "device": args.device}
     if args.trace:
         report["trace"] = cli_trace.save_profile(session, args.trace)
@@ -155,6 +155,20 @@ def load_inputs(model: onnx.ModelProto, path: str) -> dict[str, np.ndarray]:
             raise InvalidArgument(f"{path}: input {name!r} is {feeds[name].dtype}, the model "
                                   f"expects {want}")
     return feeds
+
+
+def blame_inputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> str:
+    """The prefix naming the inputs a failed run is likely about.
+
+    An input feeding Gather indices with a value out of range of the gathered axis is named
+    alone; otherwise every input is described, so a value-dependent fault can be traced back.
+    """
+    bad = [f"input {name!r} has values in [{feeds[name].min()}, {feeds[name].max()}], out of "
+           f"range of the axis of size {bound} it indexes through Gather"
+           for name, bound in index_bounds(model).items()
+           if name in feeds and feeds[name].size
+           and not -bound <= feeds[name].min() <= feeds[name].max() < bound]
+    return "; ".join(bad) + ": " if bad else f"with inputs {describe_feeds(feeds)}: "
 
 
 def describe_feeds(feeds: dict[str, np.ndarray]) -> str:
