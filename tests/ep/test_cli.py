@@ -146,3 +146,34 @@ def test_exit_codes_as_a_subprocess(tmp_path):
     usage = subprocess.run([sys.executable, "-m", "ep.cli", "devices", "--bogus"],
                            capture_output=True, text=True, check=False)
     assert usage.returncode == 2
+
+
+def test_exported_bert_runs_with_generated_token_ids(tmp_path, capsys):
+    """A torch-exported BERT: input_ids and token_type_ids (2 types) get indices in range."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+                                     num_attention_heads=2, intermediate_size=64,
+                                     max_position_embeddings=16)
+    bert = transformers.BertModel(config).eval()
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, ids, mask, types):
+            return self.bert(input_ids=ids, attention_mask=mask,
+                             token_type_ids=types).last_hidden_state
+
+    path = tmp_path / "bert.onnx"
+    with torch.no_grad():
+        torch.onnx.export(Encoder(), tuple(torch.zeros((1, 8), dtype=torch.int64) for _ in names),
+                          str(path), input_names=names, output_names=["last_hidden_state"],
+                          opset_version=17, dynamo=False)
+    bounds = cli_run.index_bounds(onnx.load(path))
+    assert bounds["input_ids"] == 100 and bounds["token_type_ids"] == 2
+    assert main(["run", str(path), "--check"]) == 0
+    assert "check last_hidden_state vs onnxruntime CPU" in capsys.readouterr().out
