@@ -76,7 +76,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     report["outputs"] = {o.name: {"dtype": str(v.dtype), "shape": list(v.shape)}
                          for o, v in zip(session.get_outputs(), outputs, strict=True)}
     report["partitions"] = [{"name": p["name"], "provider": p["provider"],
-                             "nodes": len(p["nodes"])} for p in session.get_partitions()]
+                             "nodes": list(p["nodes"])} for p in session.get_partitions()]
     report["declined"] = declines_by_operator(model, session.get_decline_reasons())
     report["runs"] = {name: {**stats, "throughput_per_s": 1e6 / stats["microseconds"]
                              if stats["microseconds"] else None}
@@ -234,7 +234,7 @@ def _print_report(report: dict[str, Any], out: TextIO) -> None:
     for name, o in report["outputs"].items():
         print(f"  output {name}: {o['dtype']}{o['shape']}", file=out)
     for part in report["partitions"]:
-        print(f"  {part['name']:<10} {part['provider']:<26} {part['nodes']:>4} node(s)",
+        print(f"  {part['name']:<10} {part['provider']:<26} {len(part['nodes']):>4} node(s)",
               file=out)
     for op, by_reason in report["declined"].items():
         for reason, nodes in by_reason.items():
