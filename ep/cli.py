@@ -3,10 +3,12 @@
 One program with subcommands, each registered by a small ``_add_<name>`` function that adds its
 parser and sets ``handler``; :func:`main` parses and dispatches. Subcommands:
 
-- ``npu-sim run [MODEL]``: the main job. Run a model (default: the bundled ``tiny_cnn``) through
-  ``ep.InferenceSession`` on the simulated NPU with CPU fallback, check its outputs against
-  onnxruntime's CPU provider, and print the partitioning, the simulated latency and the
-  per-engine utilization. Exits with status 1 if the outputs do not match.
+- ``npu-sim run [MODEL]``: the main job (:mod:`ep.cli_run`). Run a model (default: the bundled
+  ``tiny_cnn``) on the simulated NPU with CPU fallback and print the partitioning, the simulated
+  latency, throughput and per-engine utilization; ``--check`` compares with onnxruntime CPU
+  (always done for the bundled model) and exits with status 1 on a mismatch.
+- ``npu-sim compile MODEL``: an EPContext model and its context binary (:mod:`ep.cli_compile`).
+- ``npu-sim devices``: every device preset with its key figures.
 - ``npu-sim inspect FILE``: print everything a context binary holds (header, section table,
   every graph with its tensors, launches and decoded commands, and how the weights blob is
   shared). A file that does not load prints the :class:`ep.errors.InvalidGraph` message to stderr
@@ -18,15 +20,17 @@ parser and sets ``handler``; :func:`main` parses and dispatches. Subcommands:
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from ep import cli_trace
+from ep import cli_compile, cli_run, cli_trace
 from ep.errors import OrtError
 from ep.npusim.binary import ContextBinary, SectionEntry, SectionKind
 from firmware_model import commands as fc
 from firmware_model.program import AttrValue, Program, Region
+from npu_sim.config import MAC_DTYPES, PRESETS, DeviceConfig
 from npu_sim.errors import InvalidCommand, NpuSimError
 
 Handler = Callable[[argparse.Namespace, TextIO], int]
@@ -57,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="show the full traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True)
-    _add_run(commands)
+    cli_run.add_run(commands)
+    cli_compile.add_compile(commands)
+    _add_devices(commands)
     _add_inspect(commands)
     cli_trace.add_export(commands)
     cli_trace.add_replay(commands)
@@ -65,85 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
     cli_trace.add_diff(commands)
     cli_trace.add_sweep(commands)
     return parser
-
-
-# -- run --------------------------------------------------------------------------------------
-
-
-def _add_run(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser(
-        "run", help="run a model on the simulated NPU and check it against onnxruntime",
-        description="Run MODEL (default: the bundled tiny_cnn, built in code) with "
-                    "NpuSimExecutionProvider and CPU fallback on random inputs, compare the "
-                    "outputs with onnxruntime's CPU provider, and report the simulated run.")
-    p.add_argument("model", nargs="?", default=None, help="path of an .onnx model")
-    p.add_argument("--device", default="npu-m",
-                   help="device preset (npu-s, npu-m, npu-l, os32) or a JSON/TOML config path")
-    p.add_argument("--timing-only", action="store_true",
-                   help="simulate timing only: no values computed, no comparison")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    p.add_argument("--trace", default=None, metavar="FILE",
-                   help="record the run's replayable trace to FILE (.trace.jsonl); the ONNX "
-                        "Runtime profile is written beside it")
-    p.set_defaults(handler=_run)
-
-
-def _run(args: argparse.Namespace, out: TextIO) -> int:
-    import numpy as np
-    import onnxruntime as ort
-
-    from ep import InferenceSession
-    from ep.framework.pipeline import load_model
-    from ep.models import DEFAULT_MODEL_NAME, sample_input, tiny_cnn
-
-    if args.model is None:
-        model, label = tiny_cnn(), f"{DEFAULT_MODEL_NAME} (bundled)"
-        source: str | bytes = model.SerializeToString()
-    else:
-        model, label, source = load_model(args.model, {})[0], args.model, args.model
-    options = {"device": args.device, "functional": "0" if args.timing_only else "1"}
-    session = InferenceSession(source, cli_trace.profiling(args.trace),
-                               providers=[("NpuSimExecutionProvider", options)])
-    feeds = sample_input(model, args.seed)
-    outputs = session.run(None, feeds)
-    if args.trace:
-        print(cli_trace.save_profile(session, args.trace), file=out)
-
-    print(f"model: {label}", file=out)
-    for part in session.get_partitions():
-        nodes = part["nodes"]
-        print(f"  {part['name']:<10} {part['provider']:<26} {len(nodes):>4} node(s)", file=out)
-    for node, why in session.get_decline_reasons().items():
-        reason = why.get("NpuSimExecutionProvider", "")
-        print(f"  declined {node}: {reason[:100]}", file=out)
-    for name, stats in session.get_run_stats().items():
-        if not isinstance(stats, dict) or "cycles" not in stats:
-            continue
-        print(f"{name}: {stats['cycles']:,} cycles = {stats['microseconds']:.1f} us simulated "
-              f"over {len(stats.get('partitions', {}))} partition(s)", file=out)
-        busy = ", ".join(f"{engine} {100 * u:.0f}%" for engine, u in stats["utilization"].items())
-        print(f"  utilization: {busy}", file=out)
-        energy = stats.get("energy")
-        if energy:
-            print(f"  energy: {energy['total_pj'] / 1e6:,.2f} uJ (dynamic "
-                  f"{energy['dynamic_pj'] / 1e6:,.2f}, leakage {energy['static_pj'] / 1e6:,.2f}), "
-                  f"average {energy['average_power_w']:.2f} W, {energy['tops_per_w']:.3f} TOPS/W",
-                  file=out)
-        for part, figures in stats.get("partitions", {}).items():
-            print(f"  {part}: {figures['cycles']:,} cycles = {figures['microseconds']:.1f} us",
-                  file=out)
-    if args.timing_only:
-        return 0
-
-    reference = ort.InferenceSession(source, providers=["CPUExecutionProvider"]).run(None, feeds)
-    ok = True
-    for arg, got, want in zip(session.get_outputs(), outputs, reference, strict=True):
-        match = got.shape == want.shape and np.allclose(got, want, rtol=1e-4, atol=1e-5)
-        diff = float(np.max(np.abs(got.astype(np.float64) - want))) if got.size else 0.0
-        print(f"output {arg.name}: {got.dtype}{list(got.shape)} max |diff| vs onnxruntime "
-              f"{diff:.2e} {'OK' if match else 'MISMATCH'}", file=out)
-        ok &= match
-    return 0 if ok else 1
 
 
 # -- inspect ----------------------------------------------------------------------------------
@@ -262,6 +189,49 @@ def _table(rows: list[tuple[str, ...]], head: tuple[str, ...], out: TextIO,
     for row in (head, *rows):
         cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
         print(" " * indent + "  ".join(cells).rstrip(), file=out)
+
+
+# -- devices ----------------------------------------------------------------------------------
+
+
+def _add_devices(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("devices", help="list every device preset with its key figures",
+                            description="Print every DeviceConfig preset: cores, array, "
+                                        "dataflow, clock, peak TOPS per dtype, memory and links.")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_devices)
+
+
+def device_figures(config: DeviceConfig) -> dict[str, object]:
+    """The key figures of ``config``, as ``npu-sim devices`` prints them."""
+    return {
+        "cores": config.cores,
+        "array": f"{config.array_rows}x{config.array_cols}",
+        "dataflow": config.dataflow,
+        "clock_ghz": config.clock_ghz,
+        "peak_tops": {dtype: round(config.peak_tops(dtype), 3) for dtype in MAC_DTYPES},
+        "hbm_gib": config.hbm_bytes / 2**30,
+        "hbm_gbps": config.hbm_gbps,
+        "host_link_gbps": config.host_link_gbps,
+        "dma_channels": config.dma_channels,
+        "sram_mib_per_core": config.sram_bytes_per_core / 2**20,
+    }
+
+
+def _devices(args: argparse.Namespace, out: TextIO) -> int:
+    figures = {name: device_figures(DeviceConfig.preset(name)) for name in PRESETS}
+    if args.json:
+        print(json.dumps(figures), file=out)
+        return 0
+    head = ("preset", "cores", "array", "dataflow", "GHz", "peak TOPS",
+            "HBM", "host link", "DMA", "SRAM/core")
+    rows = [(name, str(f["cores"]), f["array"], f["dataflow"], f"{f['clock_ghz']:g}",
+             " ".join(f"{d} {t:g}" for d, t in f["peak_tops"].items()),
+             f"{f['hbm_gib']:g} GiB @ {f['hbm_gbps']:g} GB/s", f"{f['host_link_gbps']:g} GB/s",
+             str(f["dma_channels"]), f"{f['sram_mib_per_core']:g} MiB")
+            for name, f in figures.items()]
+    _table(rows, head, out, indent=0)
+    return 0
 
 
 if __name__ == "__main__":
