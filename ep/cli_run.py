@@ -195,12 +195,12 @@ def declines_by_operator(model: onnx.ModelProto,
 def check(model: onnx.ModelProto, source: str | bytes, feeds: dict[str, np.ndarray],
           outputs: list[np.ndarray]) -> dict[str, dict[str, Any]]:
     """Each output against onnxruntime CPU: ``{name: {ok, tolerance, problem}}``."""
-    from ep.testing.compare import _quantized_outputs, compare, reference_outputs
+    from ep.testing.compare import compare, quantized_outputs, reference_outputs
 
     want, _, label, error = reference_outputs(model, feeds, source)
     if error is not None or want is None:
         raise InvalidArgument(f"onnxruntime CPU cannot run the model to check it: {error}")
-    quantized = _quantized_outputs(model)
+    quantized = quantized_outputs(model)
     result = {}
     for vi, got, ref in zip(model.graph.output, outputs, want, strict=True):
         q = vi.name in quantized

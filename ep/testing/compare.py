@@ -111,7 +111,7 @@ def assert_matches_onnxruntime(
                    "but ep returned outputs")
     assert want is not None
     names = [o.name for o in proto.graph.output]
-    quantized = _quantized_outputs(proto)
+    quantized = quantized_outputs(proto)
     problems = []
     assert whole is not None
     for name, g, w, o in zip(names, got, want, whole, strict=True):
@@ -285,7 +285,8 @@ def _run_node(model: onnx.ModelProto, node: onnx.NodeProto,
     return [next(it) if o else np.empty(0) for o in node.output]
 
 
-def _quantized_outputs(model: onnx.ModelProto) -> set[str]:
+def quantized_outputs(model: onnx.ModelProto) -> set[str]:
+    """The graph outputs produced by quantization (judged within one quantization step)."""
     producer = {o: n for n in model.graph.node for o in n.output}
 
     def quantized(tensor: str, depth: int = 0) -> bool:
