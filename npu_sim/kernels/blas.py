@@ -8,8 +8,8 @@ stalls the whole GEMM for a scheduler tick: measured up to 100x slower than one 
 - a GEMM of fewer than :data:`SMALL_MACS` multiply-accumulates runs on one BLAS thread;
 - a larger one (:func:`matmul`) is split by output rows into :data:`PARTS` pieces, one per
   core, run by a pool of as many threads, each piece a one-thread BLAS call (numpy releases
-  the GIL): no thread spins waiting for another. Every output element is the same dot product, in the same order, as
-  without the split.
+  the GIL): no thread spins waiting for another. Every output element is the same dot
+  product, in the same order, as without the split.
 
 A caller running many kernels (the firmware, for a whole program run) holds :func:`one_thread`
 around them all: raising the library's thread count again after every kernel woke OpenBLAS's
