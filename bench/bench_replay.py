@@ -26,27 +26,12 @@ import numpy as np
 import onnx
 
 import ep
-from ep.traces import SAMPLES, compiler_split, record, simulate
+from ep.traces import CONFIG_CHANGES, SAMPLES, compiler_split, record, simulate
 from npu_sim.config import DeviceConfig
 from npu_sim.trace import TraceRecorder, replay
 from npu_sim.trace.sweep import sweep
 
 LIGHT = Path(onnx.__file__).parent / "backend/test/data/light/light_resnet50.onnx"
-
-CHANGES = {
-    "hbm x2": dict(hbm_gbps=920.0),
-    "hbm /4": dict(hbm_gbps=115.0),
-    "link x2": dict(host_link_gbps=50.0),
-    "link /4": dict(host_link_gbps=6.25),
-    "dma 1 channel": dict(dma_channels=1),
-    "dma 8 channels": dict(dma_channels=8),
-    "clock 2 GHz": dict(clock_ghz=2.0),
-    "array 32x32": dict(array_rows=32, array_cols=32),
-    "array 128x128": dict(array_rows=128, array_cols=128),
-    "cores 2": dict(cores=2),
-    "cores 8": dict(cores=8),
-    "chunk 64 KiB": dict(dma_chunk_bytes=64 << 10),
-}
 
 
 def best_seconds(fn: Callable[[], object], repeat: int) -> float:
@@ -68,7 +53,7 @@ def accuracy(repeat: int) -> None:
         model = build()
         trace = record(model, base)
         print(f"{name}: {len(trace.records)} records, {trace.makespan:,} cycles on npu-m")
-        for label, change in CHANGES.items():
+        for label, change in CONFIG_CHANGES.items():
             config = base.replace(**change)
             simulated = simulate(model, config)
             result = replay(trace, config, "elastic", split=compiler_split)

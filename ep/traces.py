@@ -64,6 +64,24 @@ SAMPLES: dict[str, Callable[[], onnx.ModelProto]] = {
 }
 """The models of the sample traces: a CNN, a transformer block and an MLP."""
 
+CONFIG_CHANGES: dict[str, dict[str, float | int]] = {
+    "hbm x2": dict(hbm_gbps=920.0),
+    "hbm /4": dict(hbm_gbps=115.0),
+    "link x2": dict(host_link_gbps=50.0),
+    "link /4": dict(host_link_gbps=6.25),
+    "dma 1 channel": dict(dma_channels=1),
+    "dma 8 channels": dict(dma_channels=8),
+    "clock 2 GHz": dict(clock_ghz=2.0),
+    "array 32x32": dict(array_rows=32, array_cols=32),
+    "array 128x128": dict(array_rows=128, array_cols=128),
+    "cores 2": dict(cores=2),
+    "cores 8": dict(cores=8),
+    "chunk 64 KiB": dict(dma_chunk_bytes=64 << 10),
+}
+"""The config changes elastic replay is checked against re-simulation under (in
+``tests/trace/test_replay.py`` and ``bench/bench_replay.py``): bandwidths, channels, clock,
+array, cores and chunk size, each on the npu-m preset."""
+
 
 def _session(model: onnx.ModelProto, config: DeviceConfig, options: SessionOptions | None,
              folder: str) -> InferenceSession:

@@ -8,21 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ep.traces import compiler_split, simulate
+from ep.traces import CONFIG_CHANGES, compiler_split, simulate
 from npu_sim.errors import TraceError
 from npu_sim.trace import Trace, replay
-
-CHANGES = {
-    "hbm bandwidth x2": dict(hbm_gbps=920.0),
-    "hbm bandwidth /4": dict(hbm_gbps=115.0),
-    "host link /4": dict(host_link_gbps=6.25),
-    "dma channels 1": dict(dma_channels=1),
-    "clock 2 GHz": dict(clock_ghz=2.0),
-    "array 32x32": dict(array_rows=32, array_cols=32),
-    "cores 2": dict(cores=2),
-    "cores 8": dict(cores=8),
-    "chunk 64 KiB": dict(dma_chunk_bytes=64 << 10),
-}
 
 
 @pytest.mark.parametrize("name", ["tiny_cnn", "transformer_block", "mlp"])
@@ -42,11 +30,11 @@ def test_elastic_under_the_recording_config_reproduces_it(sample_traces, name):
         [(r.id, r.start - trace.start, r.end - trace.start) for r in trace.records]
 
 
-@pytest.mark.parametrize("change", list(CHANGES))
+@pytest.mark.parametrize("change", list(CONFIG_CHANGES))
 @pytest.mark.parametrize("name", ["tiny_cnn", "transformer_block", "mlp"])
 def test_elastic_replay_matches_resimulation(sample_traces, base_config, name, change):
     model, trace = sample_traces[name]
-    config = base_config.replace(**CHANGES[change])
+    config = base_config.replace(**CONFIG_CHANGES[change])
     want = simulate(model, config, runs=2)  # the trace holds two runs
     got = replay(trace, config, "elastic", split=compiler_split).makespan
     assert abs(got - want) <= 0.02 * want, f"{name} {change}: replay {got}, simulated {want}"
