@@ -4,7 +4,7 @@ A steady-state churn on an npu-m HBM: fill to a few thousand live blocks of mixe
 alternate frees of random live blocks with new allocations. Every strategy replays the same
 seeded sequence; the ratio column is against ``first_fit`` measured in the same run.
 
-    python bench/bench_allocator.py [--live 4000] [--ops 200000]
+    python bench/bench_allocator.py [--live 4000] [--ops 200000] [--quick] [--json]
 """
 
 from __future__ import annotations
@@ -13,8 +13,12 @@ import argparse
 import random
 import time
 
+from figures import Figure, bench_main, info, quick_figures
+
 from npu_sim import DeviceConfig
 from npu_sim.hbm import ALLOCATORS, Hbm
+
+QUICK = ["--live", "500", "--ops", "5000"]
 
 
 def churn(strategy: str, live: int, ops: int, seed: int = 0) -> tuple[float, dict]:
@@ -35,11 +39,14 @@ def churn(strategy: str, live: int, ops: int, seed: int = 0) -> tuple[float, dic
     return (ops // 2 * 2) / elapsed, hbm.stats()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--live", type=int, default=4000, help="live blocks during the churn")
-    parser.add_argument("--ops", type=int, default=200_000, help="malloc + free calls timed")
-    args = parser.parse_args()
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--live", type=int, default=4000, help="live blocks during the churn")
+    p.add_argument("--ops", type=int, default=200_000, help="malloc + free calls timed")
+    return p
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
     results = {name: churn(name, args.live, args.ops) for name in ALLOCATORS}
     ref = results["first_fit"][0]
     print(f"{'strategy':<10} {'ops/s':>12} {'vs first_fit':>13} {'fragmentation':>14} "
@@ -47,6 +54,17 @@ def main() -> None:
     for name, (rate, stats) in results.items():
         print(f"{name:<10} {rate:>12,.0f} {rate / ref:>12.2f}x {stats['hbm.fragmentation']:>14.3f}"
               f" {stats['hbm.free_blocks']:>12}")
+    return [info("allocator", f"{name} malloc/free rate / first_fit", rate / ref)
+            for name, (rate, _) in results.items() if name != "first_fit"]
+
+
+def figures(quick: bool) -> list[Figure]:
+    """Each strategy's operation rate against first_fit's, measured in this run."""
+    return quick_figures(parser(), measure, QUICK, quick)
+
+
+def main() -> None:
+    bench_main(parser(), measure, QUICK)
 
 
 if __name__ == "__main__":

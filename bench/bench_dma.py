@@ -4,7 +4,7 @@ Many small transfers (h2d, then d2h after it) through an npu-m with a small chun
 run is dominated by the per-chunk simulation cost (simpy events, trace records, byte copies)
 rather than by memcpy bandwidth. The ratio column is against one channel in the same run.
 
-    python bench/bench_dma.py [--chunks 20000]
+    python bench/bench_dma.py [--chunks 20000] [--quick] [--json]
 """
 
 from __future__ import annotations
@@ -13,8 +13,11 @@ import argparse
 import time
 
 import numpy as np
+from figures import Figure, bench_main, info, quick_figures
 
 from npu_sim import Device, DeviceConfig
+
+QUICK = ["--chunks", "2048"]
 
 
 def run(channels: int, chunks: int, chunk_bytes: int = 4096) -> tuple[float, int]:
@@ -37,15 +40,29 @@ def run(channels: int, chunks: int, chunk_bytes: int = 4096) -> tuple[float, int
     return dev.stats()["dma.chunks"] / elapsed, dev.now
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chunks", type=int, default=20_000, help="chunks simulated per run")
-    args = parser.parse_args()
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--chunks", type=int, default=20_000, help="chunks simulated per run")
+    return p
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
     results = {k: run(k, args.chunks) for k in (1, 4, 16)}
     ref = results[1][0]
     print(f"{'channels':>8} {'chunks/s':>12} {'vs 1 channel':>13} {'sim cycles':>12}")
     for k, (rate, cycles) in results.items():
         print(f"{k:>8} {rate:>12,.0f} {rate / ref:>12.2f}x {cycles:>12,}")
+    return [info("dma", f"{k} channels: simulated chunks/s / 1 channel", rate / ref)
+            for k, (rate, _) in results.items() if k != 1]
+
+
+def figures(quick: bool) -> list[Figure]:
+    """The simulation rate with 4 and 16 channels against one channel, in this run."""
+    return quick_figures(parser(), measure, QUICK, quick)
+
+
+def main() -> None:
+    bench_main(parser(), measure, QUICK)
 
 
 if __name__ == "__main__":

@@ -20,16 +20,19 @@ GEMMs this script maps them to itself (``Sr``, ``Sc``, ``T`` per group, hidden l
 memory- or overhead-bound (whichever of compute, memory and launch/fill/drain is largest); and
 the run's energy and TOPS/W.
 
-Run: ``python bench/bench_fidelity.py`` (the tables in ``docs/cost_model.md`` are its output).
+Run: ``python bench/bench_fidelity.py [--quick] [--json]`` (the tables in ``docs/cost_model.md``
+are its output; ``--quick`` leaves out the whole models).
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 from pathlib import Path
 
 import numpy as np
 import onnx
+from figures import Figure, at_most, bench_main, info, quick_figures
 from onnx import TensorProto, helper
 
 from ep.framework.provider import FusedNode
@@ -38,6 +41,7 @@ from ep.npusim.runtime import NpuRuntime
 from npu_sim import DeviceConfig, TensorSpec
 from npu_sim.cost import conv_cycles, gemm_cycles, op_cost
 
+QUICK = ["--layers-only"]
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 
 # (name, N, C, H, M, K, stride, pad): ResNet-18's distinct convolutions at 224x224.
@@ -216,7 +220,13 @@ def models() -> list[dict]:
             model_row("MLP", mlp(), config)]
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers-only", action="store_true", help="leave out the whole models")
+    return p
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
     print("| layer | flow | Sr | Sc | T | npu-sim (exposed) | SCALE-Sim closed form | "
           "npu-sim (hidden) | roofline |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -227,6 +237,10 @@ def main() -> None:
         print(f"| {name} | {flow} | {sr} | {sc} | {t} | {ours:,} | {ref:,} | {hidden:,} | "
               f"{-(-sr * sc * t // pes):,} |")
     print(f"\n{mismatches} of {len(rows())} rows differ from the closed form\n")
+    found = [at_most("fidelity", "layers whose cycles differ from SCALE-Sim's closed form",
+                     mismatches, 0, "")]
+    if args.layers_only:
+        return found
     print("| model (npu-m, float32) | launches | run cycles | sum of launch cycles | roofline "
           "| sum / roofline | array compute, 1 core / closed form | compute-bound | "
           "memory-bound | overhead-bound | energy (uJ) | TOPS/W |")
@@ -238,6 +252,18 @@ def main() -> None:
               f"{r['roof']:,.0f} | {r['sum'] / r['roof']:.2f} | {ratio:.4f} | "
               f"{b['compute']:.0%} | {b['memory']:.0%} | {b['overhead']:.0%} | "
               f"{r['energy_uj']:,.1f} | {r['tops_per_w']:.3f} |")
+        found += [info("fidelity", f"{r['name']}: launch cycles / roofline", r["sum"] / r["roof"]),
+                  info("fidelity", f"{r['name']}: array cycles / closed form", ratio)]
+    return found
+
+
+def figures(quick: bool) -> list[Figure]:
+    """Layers against SCALE-Sim's closed forms; whole models against the roofline."""
+    return quick_figures(parser(), measure, QUICK, quick)
+
+
+def main() -> None:
+    bench_main(parser(), measure, QUICK)
 
 
 if __name__ == "__main__":

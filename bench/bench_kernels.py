@@ -24,7 +24,7 @@ second loads them from the cache (warm start).
 The GEMMs go through numpy's OpenBLAS, whose kernel family follows ``OPENBLAS_CORETYPE`` (the
 line printed says which); onnxruntime uses its own MLAS kernels.
 
-Run: ``python bench/bench_kernels.py [--repeat N] [--rounds R]``.
+Run: ``python bench/bench_kernels.py [--repeat N] [--rounds R] [--quick] [--json]``.
 """
 
 from __future__ import annotations
@@ -46,10 +46,12 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
+from figures import Figure, bench_main, info, quick_figures  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
 
 MODEL = os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/light/light_resnet50.onnx")
 SEED = 0
+QUICK = ["--repeat", "2", "--rounds", "1"]
 
 
 def build_model(seed: int = SEED) -> onnx.ModelProto:
@@ -230,15 +232,15 @@ def check_outputs(model: onnx.ModelProto) -> None:
             assert err < 1e-3, f"{name}: max error {err:.2e} relative to the output's scale"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=10, help="timed runs per engine (best of)")
-    parser.add_argument("--rounds", type=int, default=2, help="child processes per engine")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        child(args.child, args.repeat)
-        return
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=10, help="timed runs per engine (best of)")
+    p.add_argument("--rounds", type=int, default=2, help="child processes per engine")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    return p
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
     check_outputs(build_model())
     # Each engine is timed in its own process: an idle onnxruntime session's spinning pool
     # threads measurably slow other work in the same process, and vice versa. Rounds alternate
@@ -269,6 +271,24 @@ def main() -> None:
             f"    {label:<15} import {r['import']:.2f} s, first run {r['first']:.2f} s, "
             f"steady run {r['best']:.3f} s -> JIT/load overhead {r['first'] - r['best']:.2f} s"
         )
+    return [*(info("kernels", f"ResNet-50 {name} / onnxruntime CPU", t / t_ort)
+              for name, t in best.items() if calls[name]),
+            info("kernels", "JIT load overhead, warm cache", warm["first"] - warm["best"], "s"),
+            info("kernels", "JIT compile overhead, cold cache", cold["first"] - cold["best"],
+                 "s")]
+
+
+def figures(quick: bool) -> list[Figure]:
+    """The kernels' ResNet-50 time against onnxruntime, and the JIT's cost."""
+    return quick_figures(parser(), measure, QUICK, quick)
+
+
+def main() -> None:
+    args = parser().parse_known_args()[0]
+    if args.child:
+        child(args.child, args.repeat)
+        return
+    bench_main(parser(), measure, QUICK)
 
 
 if __name__ == "__main__":

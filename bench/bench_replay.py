@@ -9,7 +9,8 @@
 3. Sweep: 1,000 configs of a light_resnet50 trace on a local process pool (target < 60 s on
    2 cores).
 
-Run: ``python bench/bench_replay.py [--repeat N] [--configs N] [--workers N]``. Timings are
+Run: ``python bench/bench_replay.py [--repeat N] [--configs N] [--workers N] [--quick] [--json]``
+(``--quick``: 50 configs, the sweep's time scaled to 1,000). Timings are
 the best CPU time of N runs; every figure is a ratio within this one process, or a wall time.
 """
 
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from figures import Figure, at_least, at_most, bench_main, quick_figures
 
 import ep
 from ep.traces import CONFIG_CHANGES, SAMPLES, compiler_split, record, simulate
@@ -31,6 +33,7 @@ from npu_sim.config import DeviceConfig
 from npu_sim.trace import TraceRecorder, replay
 from npu_sim.trace.sweep import sweep
 
+QUICK = ["--repeat", "1", "--configs", "50"]
 LIGHT = Path(onnx.__file__).parent / "backend/test/data/light/light_resnet50.onnx"
 
 
@@ -46,7 +49,8 @@ def best_seconds(fn: Callable[[], object], repeat: int) -> float:
     return min(times)
 
 
-def accuracy(repeat: int) -> None:
+def accuracy(repeat: int) -> tuple[float, float]:
+    """Worst |error| of elastic replay against simulation, worst speedup over simulating."""
     base = DeviceConfig.preset("npu-m")
     worst_err, worst_speedup = 0.0, float("inf")
     for name, build in SAMPLES.items():
@@ -68,9 +72,11 @@ def accuracy(repeat: int) -> None:
                   f"{t_sim * 1e3:7.1f} ms = {t_sim / t_rep:6.1f}x")
     print(f"worst |error| {100 * worst_err:.2f}% (target <= 5%, goal 2%); worst speedup "
           f"{worst_speedup:.1f}x (target >= 10x)")
+    return worst_err, worst_speedup
 
 
-def recording_overhead(repeat: int) -> None:
+def recording_overhead(repeat: int) -> float:
+    """A profiling session's timing-only run against the same run recording nothing."""
     model = onnx.load(str(LIGHT))
     arg = model.graph.input[0]
     shape = [d.dim_value for d in arg.type.tensor_type.shape.dim]
@@ -104,9 +110,11 @@ def recording_overhead(repeat: int) -> None:
           f"{best['bare'] * 1e3:.1f} ms, device recorder {best['plain'] * 1e3:.1f} ms, "
           f"profiling session {best['profiling'] * 1e3:.1f} ms: recording costs "
           f"{best['profiling'] / best['bare']:.2f}x (target <= 1.2x)")
+    return best["profiling"] / best["bare"]
 
 
-def sweep_speed(configs: int, workers: int) -> None:
+def sweep_speed(configs: int, workers: int) -> float:
+    """Seconds the sweep's workers took on ``workers`` idle cores, per 1,000 configs."""
     trace = record(onnx.load(str(LIGHT)), DeviceConfig.preset("npu-m"))
     base = trace.config
     grid = [base.replace(hbm_gbps=100.0 + 10 * (i % 100), host_link_gbps=8.0 + 4 * (i // 100 % 10),
@@ -121,17 +129,37 @@ def sweep_speed(configs: int, workers: int) -> None:
           f"{workers} workers: wall {wall:.1f} s with load average {os.getloadavg()[0]:.1f}; "
           f"workers' CPU {cpu:.1f} s = {cpu / workers:.1f} s on {workers} idle cores "
           f"(target < 60 s for 1,000 on 2 cores)")
+    return cpu / workers * 1000 / len(rows)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--configs", type=int, default=1000)
+    p.add_argument("--workers", type=int, default=2)
+    return p
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
+    worst_err, worst_speedup = accuracy(args.repeat)
+    overhead = recording_overhead(args.repeat)
+    per_1000 = sweep_speed(args.configs, args.workers)
+    return [at_most("replay", "elastic replay: worst |error| vs simulation", 100 * worst_err,
+                    5.0, "%"),
+            at_least("replay", "elastic replay: worst speedup over simulation", worst_speedup,
+                     10.0),
+            at_most("replay", "recording overhead (profiling / no recording)", overhead, 1.2),
+            at_most("replay", f"sweep: 1,000 configs on {args.workers} cores (workers' CPU)",
+                    per_1000, 60.0, "s")]
+
+
+def figures(quick: bool) -> list[Figure]:
+    """Replay accuracy and speedup, recording overhead, sweep time per 1,000 configs."""
+    return quick_figures(parser(), measure, QUICK, quick)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--configs", type=int, default=1000)
-    parser.add_argument("--workers", type=int, default=2)
-    args = parser.parse_args()
-    accuracy(args.repeat)
-    recording_overhead(args.repeat)
-    sweep_speed(args.configs, args.workers)
+    bench_main(parser(), measure, QUICK)
 
 
 if __name__ == "__main__":

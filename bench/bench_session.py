@@ -5,7 +5,8 @@
 2. A functional run on the NPU EP vs onnxruntime's CPU provider (target <= 1.5x).
 3. Wall time of a timing-only simulated run (``functional=0``; target < 50 ms).
 
-Run: ``python bench/bench_session.py [--repeat N]``. Each figure is the median of N runs.
+Run: ``python bench/bench_session.py [--repeat N] [--quick] [--json]``. Each figure is the
+median of N runs.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+from figures import Figure, at_least, at_most, bench_main, quick_figures
 
 import ep
 
+QUICK = ["--repeat", "1"]
 LIGHT = Path(onnx.__file__).parent / "backend/test/data/light/light_resnet50.onnx"
 
 
@@ -38,10 +41,13 @@ def median_seconds(fn: Callable[[], object], repeat: int) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=3)
+    return p
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "light_resnet50.onnx"
         shutil.copy(LIGHT, model)
@@ -71,6 +77,20 @@ def main() -> None:
         t_timing = median_seconds(lambda: timing.run(None, feeds), args.repeat)
         print(f"timing-only run:  {t_timing * 1e3:8.1f} ms wall (target < 50 ms), "
               f"{t_timing / t_cpu:6.2f}x onnxruntime CPU")
+    return [at_least("session", "light_resnet50 creation: source / EPContext",
+                     from_source / from_ctx, 10.0),
+            at_most("session", "light_resnet50 functional run / onnxruntime CPU", t_npu / t_cpu,
+                    1.5),
+            at_most("session", "light_resnet50 timing-only run", t_timing * 1e3, 50.0, "ms")]
+
+
+def figures(quick: bool) -> list[Figure]:
+    """EPContext creation speedup, functional run against onnxruntime, timing-only wall time."""
+    return quick_figures(parser(), measure, QUICK, quick)
+
+
+def main() -> None:
+    bench_main(parser(), measure, QUICK)
 
 
 if __name__ == "__main__":

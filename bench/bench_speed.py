@@ -15,7 +15,8 @@ OpenBLAS's pools):
 Runs alternate in blocks (all NpuSim runs of a round, then all onnxruntime runs), and each figure
 is the median over rounds: the machine is shared, so single timings are noise.
 
-Run: ``python bench/bench_speed.py [--models chain,light_resnet50,...] [--repeat N]``.
+Run: ``python bench/bench_speed.py [--models chain,light_resnet50,...] [--repeat N] [--quick]
+[--json]`` (``--quick``: chain and light_resnet50, 2 rounds).
 """
 
 from __future__ import annotations
@@ -35,33 +36,27 @@ import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).parent))
 import speed_models  # noqa: E402
+from figures import Figure, bench_main, quick_figures  # noqa: E402
 
 import ep  # noqa: E402
 
 THREADS = len(os.sched_getaffinity(0))
+QUICK = ["--models", "chain,light_resnet50", "--repeat", "2"]
 RUN_TARGET = {"chain": 20.0, "light_resnet50": 2.0}  # others: 3.0
 
 
 class Table:
-    """Rows of (figure, measured, target, met) printed at the end."""
+    """The bench's figures (``bench/figures.py``), each printed as it is measured."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[str, str, str, bool]] = []
+        self.figures: list[Figure] = []
 
     def add(self, figure: str, value: float, target: float, *, unit: str = "x",
             at_least: bool = False) -> None:
-        met = value >= target if at_least else value <= target
         sign = ">=" if at_least else "<="
         text = f"{value:.2g}" if value and abs(value) < 0.01 else f"{value:.2f}"
-        self.rows.append((figure, f"{text}{unit}", f"{sign} {target:g}{unit}", met))
+        self.figures.append(Figure("speed", figure, float(value), unit.strip(), target, sign))
         print(f"  {figure}: {text}{unit} (target {sign} {target:g}{unit})", flush=True)
-
-    def print(self) -> None:
-        width = max(len(r[0]) for r in self.rows)
-        print(f"\n{'figure':<{width}}  {'measured':>10}  {'target':>10}  result")
-        for figure, value, target, met in self.rows:
-            print(f"{figure:<{width}}  {value:>10}  {target:>10}  {'pass' if met else 'SHORT'}")
-        print(f"{sum(r[3] for r in self.rows)} of {len(self.rows)} figures meet their target")
 
 
 def seconds(fn: Callable[[], object]) -> float:
@@ -161,17 +156,29 @@ def memory(npu: ep.InferenceSession, feeds: dict[str, np.ndarray], table: Table)
     table.add("light_resnet50 peak RSS growth over 100 runs", grown, 1.0, unit=" MiB")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(speed_models.BENCH_SET))
-    parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(speed_models.BENCH_SET))
+    p.add_argument("--repeat", type=int, default=5)
+    return p
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
     table = Table()
     print(f"{THREADS} threads; onnxruntime {ort.__version__}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             bench_model(name, Path(tmp), table, args.repeat)
-    table.print()
+    return table.figures
+
+
+def figures(quick: bool) -> list[Figure]:
+    """Every figure of the bench set against its target (see the module docstring)."""
+    return quick_figures(parser(), measure, QUICK, quick)
+
+
+def main() -> None:
+    bench_main(parser(), measure, QUICK)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ float16 weights, ratios measured in one run.
    The ``rss`` figures are the child's peak minus its RSS after the imports (python,
    onnxruntime, numba: the same in every child).
 
-Run: ``python bench/bench_weights.py [--layers 3 6 12] [--dim 2048] [--keep]``. Needs about
-4 GiB of memory and 5 GiB of disk (a temporary folder, removed unless ``--keep``).
+Run: ``python bench/bench_weights.py [--layers 3 6 12] [--dim 2048] [--keep] [--quick] [--json]``.
+Needs about 4 GiB of memory and 5 GiB of disk (a temporary folder, removed unless ``--keep``);
+``--quick``: 1 and 2 layers of width 512.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from figures import Figure, at_most, bench_main, info, quick_figures
+
 GIB = 1 << 30
+QUICK = ["--layers", "1", "2", "--dim", "512"]
 
 
 def _rss() -> int:
@@ -129,20 +133,17 @@ def child(stage: str, *args: object) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, nargs="+", default=[3, 6, 12])
-    parser.add_argument("--dim", type=int, default=2048)
-    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
-    parser.add_argument("--stage", help=argparse.SUPPRESS)
-    parser.add_argument("args", nargs="*", help=argparse.SUPPRESS)
-    ns = parser.parse_args()
-    if ns.stage:
-        import ep  # noqa: F401  (the baseline RSS includes the imports)
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", type=int, nargs="+", default=[3, 6, 12])
+    p.add_argument("--dim", type=int, default=2048)
+    p.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    p.add_argument("--stage", help=argparse.SUPPRESS)
+    p.add_argument("args", nargs="*", help=argparse.SUPPRESS)
+    return p
 
-        args = [int(a) if a.isdigit() else a for a in ns.args]
-        print(json.dumps(STAGES[ns.stage](*args)))
-        return
+
+def measure(ns: argparse.Namespace) -> list[Figure]:
     root = Path(tempfile.mkdtemp(prefix="bench_weights_"))
     try:
         rows = []
@@ -184,6 +185,33 @@ def main() -> None:
             print(f"kept {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
+    return [info("weights", "compile s/GiB: largest / smallest model", max(per_gib) / min(per_gib)),
+            at_most("weights", "context binary / weight bytes", compiled["binary"] / nbytes, 1.01),
+            at_most("weights", "ContextBinary.open / reading the file",
+                    opened["seconds"] / read["seconds"], 2.0),
+            at_most("weights", "ContextBinary.open peak RSS / weight bytes",
+                    opened["rss"] / nbytes, 1.2),
+            info("weights", "session created / reading the file",
+                 session["created"] / read["seconds"]),
+            info("weights", "weights in HBM / reading the file",
+                 session["seconds"] / read["seconds"]),
+            at_most("weights", "session peak RSS / weight bytes", session["rss"] / nbytes, 1.2)]
+
+
+def figures(quick: bool) -> list[Figure]:
+    """Binary size, load time and memory against the weights (see the module docstring)."""
+    return quick_figures(parser(), measure, QUICK, quick)
+
+
+def main() -> None:
+    ns = parser().parse_known_args()[0]
+    if ns.stage:
+        import ep  # noqa: F401  (the baseline RSS includes the imports)
+
+        args = [int(a) if a.isdigit() else a for a in ns.args]
+        print(json.dumps(STAGES[ns.stage](*args)))
+        return
+    bench_main(parser(), measure, QUICK)
 
 
 if __name__ == "__main__":
