@@ -18,7 +18,7 @@ from typing import Any, TextIO
 import numpy as np
 import onnx
 
-from ep import cli_trace
+from ep import cli_errors, cli_progress, cli_trace
 from ep.errors import InvalidArgument, OrtError
 
 INDEX_PASSTHROUGH = frozenset({"Cast", "Unsqueeze", "Reshape", "Squeeze", "Flatten", "Identity"})
@@ -43,6 +43,9 @@ def add_run(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--check", action="store_true",
                    help="compare the outputs with onnxruntime CPU (per-dtype tolerances); "
                         "exit 1 on a mismatch")
+    p.add_argument("--cpu-nodes", default=None, metavar="NAMES",
+                   help="comma-separated node names or op types to keep on the CPU "
+                        "(provider option cpu_nodes)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated inputs")
     p.add_argument("--trace", default=None, metavar="FILE",
@@ -54,20 +57,23 @@ def add_run(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, out: TextIO) -> int:
     """Handler of ``npu-sim run``; returns the exit status (1 on a mismatch)."""
     from ep import InferenceSession
-    from ep.framework.pipeline import load_model
     from ep.models import DEFAULT_MODEL_NAME, tiny_cnn
 
     if args.model is None:
         model, label = tiny_cnn(), f"{DEFAULT_MODEL_NAME} (bundled)"
         source: str | bytes = model.SerializeToString()
     else:
-        model, label, source = load_model(args.model, {})[0], args.model, args.model
+        model, label, source = cli_errors.load_model(args.model), args.model, args.model
     options = {"device": args.device, "functional": "0" if args.timing_only else "1"}
-    session = InferenceSession(source, cli_trace.profiling(args.trace),
-                               providers=[(NPU, options)])
+    if args.cpu_nodes:
+        options["cpu_nodes"] = args.cpu_nodes
+    with cli_progress.phase(f"loading {label} on {args.device}"):
+        session = InferenceSession(source, cli_trace.profiling(args.trace),
+                                   providers=[(NPU, options)])
     feeds = load_inputs(model, args.inputs) if args.inputs else generate_inputs(model, args.seed)
     try:
-        outputs = session.run(None, feeds)
+        with cli_progress.phase(f"running {label}"):
+            outputs = session.run(None, feeds)
     except OrtError as exc:
         raise type(exc)(f"{blame_inputs(model, feeds)}{exc.message}") from exc
     report: dict[str, Any] = {"model": label, "device": args.device}
@@ -84,7 +90,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
                       if isinstance(stats, dict) and "cycles" in stats}
     ok = True
     if not args.timing_only and (args.check or args.model is None):
-        report["check"] = check(model, source, feeds, outputs)
+        with cli_progress.phase("checking against onnxruntime CPU"):
+            report["check"] = check(model, source, feeds, outputs)
         ok = all(c["ok"] for c in report["check"].values())
     if args.json:
         print(json.dumps(report, default=_jsonable), file=out)

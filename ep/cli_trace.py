@@ -22,6 +22,7 @@ import json
 from pathlib import Path
 from typing import Any, TextIO
 
+from ep import cli_progress
 from ep.traces import compiler_split
 from npu_sim.config import PRESETS, DeviceConfig
 from npu_sim.errors import TraceError
@@ -84,7 +85,8 @@ def add_replay(commands: argparse._SubParsersAction) -> None:
 def _replay(args: argparse.Namespace, out: TextIO) -> int:
     trace = load(args.trace)
     config = _device(args.device) if args.device else trace.config
-    result = replay(trace, config, args.mode, split=compiler_split)
+    with cli_progress.phase(f"{args.mode} replay of {len(trace.records):,} records"):
+        result = replay(trace, config, args.mode, split=compiler_split)
     summary = {"mode": result.mode, "config": config.name, "makespan_cycles": result.makespan,
                "makespan_us": result.microseconds, "recorded_cycles": trace.makespan,
                "recorded_us": trace.config.cycles_to_us(trace.makespan),
@@ -182,8 +184,9 @@ def _sweep(args: argparse.Namespace, out: TextIO) -> int:
 
     trace = load(args.trace)
     configs, mode = read_grid(args.grid, trace.config)
-    rows = sweep(trace, configs, mode, workers=args.workers, ray=args.ray,
-                 split=compiler_split)
+    with cli_progress.phase(f"sweep of {len(configs)} configs", total=len(configs)) as step:
+        rows = sweep(trace, configs, mode, workers=args.workers, ray=args.ray,
+                     split=compiler_split, progress=step)
     csv_path, json_path = write_table(rows, args.output)
     if args.json:
         _print_json(rows, out)

@@ -191,6 +191,9 @@ class DeviceConfig:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError("path", str(path), f"a readable file ({exc.strerror})") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError("path", str(path), f"a UTF-8 text file ({exc.reason} at byte "
+                                                 f"{exc.start})") from None
         try:
             data = json.loads(text) if suffix == ".json" else tomllib.loads(text)
         except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:

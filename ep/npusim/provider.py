@@ -9,6 +9,9 @@ strings, as ONNX Runtime passes them:
 ``functional`` ``"1"`` (default): compute values; ``"0"``: timing only, outputs are zeros
 ``allocator``  the device's HBM allocation strategy (``best_fit`` default, ``first_fit``,
                ``mru``)
+``cpu_nodes``  comma-separated node names and op types the NPU declines, so they run on the
+               CPU provider (a node that fails to compile or fit); one that matches nothing in
+               the model is ``InvalidArgument``
 any other key  whose value is an integer: the value of the symbolic dimension of that name
                (``{"batch": "1"}``)
 =============  ==========================================================================
@@ -65,7 +68,8 @@ from .shared import Staged, workspace
 from .version import SDK_VERSION
 
 OPTION_KEYS = ("device", "functional", "allocator", "external_weights",
-               "external_weights_folder", "weight_streaming")
+               "external_weights_folder", "weight_streaming", "cpu_nodes")
+MOVED_TO_CPU = "moved to the CPU by the provider option cpu_nodes"
 
 
 class NpuSimExecutionProvider(ExecutionProvider):
@@ -118,6 +122,8 @@ class NpuSimExecutionProvider(ExecutionProvider):
         self.external_mode = options.get("external_weights", "0")
         self.external_folder = options.get("external_weights_folder", DEFAULT_FOLDER)
         self.streaming = _flag("weight_streaming", options.get("weight_streaming", "1"))
+        self.cpu_nodes = frozenset(filter(None, (n.strip() for n in
+                                                 options.get("cpu_nodes", "").split(","))))
         session = context.session_config
         self.generating = config_flag(session, EP_CONTEXT_ENABLE)
         self.share = config_flag(session, SHARE_EP_CONTEXTS)
@@ -180,16 +186,32 @@ class NpuSimExecutionProvider(ExecutionProvider):
         if contexts:
             taken = {i for cap in contexts for i in cap.nodes}
             view = graph.with_assigned(graph.assigned | taken)
-        capabilities, reasons = get_npu_capability(view)
+        capabilities, reasons = self._npu_capability(view)
         self._declined = (graph, reasons)
         return contexts + capabilities
+
+    def _npu_capability(self, view: GraphView) -> tuple[list[ComputeCapability], dict[int, str]]:
+        """:func:`get_npu_capability` without the nodes the ``cpu_nodes`` option names."""
+        if not self.cpu_nodes:
+            return get_npu_capability(view)
+        unknown = self.cpu_nodes - set(view.names) - {n.op_type for n in view.nodes}
+        if unknown:
+            raise errors.InvalidArgument(
+                f"NpuSimExecutionProvider option cpu_nodes: {', '.join(sorted(unknown))} names "
+                "no node and no op type of the model")
+        moved = {i: MOVED_TO_CPU for i, (node, name) in enumerate(zip(view.nodes, view.names,
+                                                                     strict=True))
+                 if i not in view.assigned and (name in self.cpu_nodes
+                                                or node.op_type in self.cpu_nodes)}
+        capabilities, reasons = get_npu_capability(view.with_assigned(view.assigned | set(moved)))
+        return capabilities, {**reasons, **moved}
 
     def decline_reasons(self, graph: GraphView) -> dict[int, str]:
         """Why each unassigned node the NPU does not take was declined (for the view
         :meth:`get_capability` was just asked about, the reasons it found then)."""
         if self._declined is not None and self._declined[0] is graph:
             return dict(self._declined[1])
-        _, reasons = get_npu_capability(graph)
+        _, reasons = self._npu_capability(graph)
         return reasons
 
     def compile(self, fused_nodes: Sequence[FusedNode]) -> list[CompiledNode]:

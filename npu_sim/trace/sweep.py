@@ -25,7 +25,7 @@ import itertools
 import json
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,9 @@ def read_grid(path: str | os.PathLike[str], base: DeviceConfig) -> tuple[list[De
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise TraceError(where, f"cannot read the grid ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise TraceError(where, f"not a UTF-8 text grid ({exc.reason} at byte {exc.start})"
+                         ) from None
     try:
         data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
@@ -142,28 +145,39 @@ def row(trace: Trace, config: DeviceConfig, mode: str = "elastic",
 
 def sweep(trace: Trace | str | os.PathLike[str], configs: Sequence[DeviceConfig],
           mode: str = "elastic", *, workers: int | None = None, ray: str | bool | None = None,
-          chunk: int = 25, split: SplitRule | None = None) -> list[dict[str, Any]]:
+          chunk: int = 25, split: SplitRule | None = None,
+          progress: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
     """Replay ``trace`` under every config; one row per config, in order. ``split`` is the
     core-split rule of :func:`~npu_sim.trace.retime.replay` (a module-level function, so
     workers can receive it).
 
     ``workers``: local processes (default: the CPU count; 1 runs in this process). ``ray``:
     run on Ray instead (True: a local instance or the one ``RAY_ADDRESS`` names; a string: that
-    cluster's address); needs the ``npu-sim[ray]`` extra.
+    cluster's address); needs the ``npu-sim[ray]`` extra. ``progress(n)`` is called as each
+    batch of ``n`` configs completes (the command line's progress bar).
     """
     trace = load(trace)
+    done = progress or (lambda n: None)
     varying = _varying(configs)
     plain = [c.to_dict() for c in configs]
     batches = [plain[i:i + chunk] for i in range(0, len(plain), chunk)]
     if ray:
         results = _on_ray(trace, batches, mode, None if ray is True else str(ray), split)
+        done(len(plain))
     elif (workers or os.cpu_count() or 1) <= 1 or len(batches) == 1:
         _init_worker(trace, split)
-        results = [_rows(b, mode) for b in batches]
+        results = []
+        for b in batches:
+            results.append(_rows(b, mode))
+            done(len(b))
     else:
         with ProcessPoolExecutor(max_workers=workers, initializer=_pool_init,
                                  initargs=(trace, split)) as pool:
-            results = list(pool.map(_rows, batches, itertools.repeat(mode)))
+            results = []
+            for batch, rows in zip(batches, pool.map(_rows, batches, itertools.repeat(mode)),
+                                   strict=True):
+                results.append(rows)
+                done(len(batch))
     rows = [r for batch in results for r in batch]
     return [{**{k: c.to_dict()[k] for k in varying}, **r}
             for c, r in zip(configs, rows, strict=True)]

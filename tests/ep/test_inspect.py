@@ -74,8 +74,8 @@ def test_inspect_corrupt_file_exits_1_with_the_message(binary_path, capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == (
-        f"npu-sim inspect: truncated context binary: header says {len(data)} bytes, "
-        f"file has {len(data) - 100}\n"
+        f"npu-sim inspect: {binary_path}: truncated context binary: header says "
+        f"{len(data)} bytes, file has {len(data) - 100}\n"
     )
 
 
