@@ -177,3 +177,15 @@ def test_exported_bert_runs_with_generated_token_ids(tmp_path, capsys):
     assert bounds["input_ids"] == 100 and bounds["token_type_ids"] == 2
     assert main(["run", str(path), "--check"]) == 0
     assert "check last_hidden_state vs onnxruntime CPU" in capsys.readouterr().out
+
+
+def test_text_decline_reasons_are_whole(capsys):
+    """The text report prints each decline reason whole, as the session gives it."""
+    import ep
+    from ep.models import tiny_cnn
+
+    session = ep.InferenceSession(tiny_cnn().SerializeToString())
+    (reason,) = {r["NpuSimExecutionProvider"] for r in session.get_decline_reasons().values()}
+    assert main(["run"]) == 0
+    line = next(t for t in capsys.readouterr().out.splitlines() if t.startswith("  declined"))
+    assert line == f"  declined TopK x1 (topk): {reason}"
