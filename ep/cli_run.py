@@ -5,7 +5,15 @@ an integer input that reaches a Gather's indices (directly or through Cast, Unsq
 Squeeze, Flatten or Identity) gets indices in range of the gathered axis, so token ids run
 instead of faulting. ``--check`` (always on for the bundled model) compares the outputs with
 onnxruntime's CPU provider using :func:`ep.testing.compare.compare`'s per-dtype tolerances and
-prints the tolerance it used for each output. ``--json`` prints one JSON object instead of text.
+prints the tolerance it used for each output. ``--cpu-nodes`` keeps nodes or op types on the
+CPU (the provider option ``cpu_nodes``).
+
+``--json`` prints one JSON object instead of text, with these stable keys: ``model``,
+``device``, ``trace`` (with ``--trace``: where it went), ``outputs`` (``{name: {dtype, shape}}``),
+``partitions`` (``[{name, provider, nodes}]``), ``declined`` (``{op_type: {reason: [node,
+...]}}``), ``runs`` (per provider: ``cycles``, ``microseconds``, ``throughput_per_s``,
+``utilization`` per engine, ``energy``, ``partitions``) and, when checked, ``check``
+(``{output: {ok, tolerance, reference, problem}}``).
 """
 
 from __future__ import annotations

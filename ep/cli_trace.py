@@ -196,7 +196,7 @@ def _sweep(args: argparse.Namespace, out: TextIO) -> int:
           f"{max(r['makespan'] for r in rows):,} cycles; best "
           + ", ".join(f"{k}={v}" for k, v in best.items() if k not in (
               "makespan", "microseconds", "core_utilization", "dma_utilization", "flags",
-              "config_digest")), file=out)
+              "config_digest") and not k.startswith("energy")), file=out)
     print(f"wrote {csv_path} and {json_path}", file=out)
     return 0
 
