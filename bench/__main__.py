@@ -6,7 +6,8 @@ through to stderr, and its figures (JSON on its stdout, ``bench/figures.py``) ar
 one table: each figure, its target, pass / falls short. ``--quick`` passes ``--quick`` on: small
 sizes, a smoke test of the whole chain in a few minutes, whose figures are not the recorded
 ones. ``--only allocator,dma`` runs some benches; ``--json`` prints the figures as one JSON
-object ``{"figures": [...], "failed": {bench: message}}`` instead of the table.
+object ``{"figures": [...], "failed": {bench: message}}`` instead of the table, ``--markdown`` as
+the Markdown table of ``docs/performance.md``.
 
 Exit status: 0 when every bench ran (whether or not its figures meet their targets: the table
 says), 1 when a bench failed (its last stderr line is reported), 2 for a usage error.
@@ -25,7 +26,7 @@ from typing import TextIO
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from figures import Figure, table  # noqa: E402
+from figures import Figure, markdown, table  # noqa: E402
 
 
 def benches() -> dict[str, Path]:
@@ -61,7 +62,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None,
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     parser.add_argument("--only", default=None, metavar="NAMES",
                         help=f"comma-separated benches (of: {', '.join(known)})")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    output.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = parser.parse_args(argv)
     chosen = list(known) if args.only is None else [n.strip() for n in args.only.split(",")]
     unknown = [n for n in chosen if n not in known]
@@ -81,7 +84,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None,
     if args.json:
         print(json.dumps({"figures": [f.to_dict() for f in found], "failed": failed}), file=out)
     else:
-        print(table(found), file=out)
+        print(markdown(found) if args.markdown else table(found), file=out)
         for name, message in failed.items():
             print(f"bench {name} FAILED: {message}", file=out)
     return 1 if failed else 0
