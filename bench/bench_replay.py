@@ -144,7 +144,7 @@ def measure(args: argparse.Namespace) -> list[Figure]:
     worst_err, worst_speedup = accuracy(args.repeat)
     overhead = recording_overhead(args.repeat)
     per_1000 = sweep_speed(args.configs, args.workers)
-    return [at_most("replay", "elastic replay: worst |error| vs simulation", 100 * worst_err,
+    return [at_most("replay", "elastic replay: worst error vs simulation", 100 * worst_err,
                     5.0, "%"),
             at_least("replay", "elastic replay: worst speedup over simulation", worst_speedup,
                      10.0),

@@ -115,7 +115,8 @@ def markdown(figures: Sequence[Figure]) -> str:
     lines = ["| bench | figure | measured | target | result |", "|---|---|---:|---:|---|"]
     for f in figures:
         target = f"{f.direction} {number(f.target, f.unit)}" if f.target is not None else "-"
-        lines.append(f"| {f.bench} | {f.name} | {number(f.value, f.unit)} | {target} | "
+        name = f.name.replace("|", "\\|")  # a pipe would end the cell
+        lines.append(f"| {f.bench} | {name} | {number(f.value, f.unit)} | {target} | "
                      f"{verdict(f)} |")
     return "\n".join(lines)
 

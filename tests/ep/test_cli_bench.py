@@ -131,3 +131,8 @@ def test_a_failing_bench_is_reported_and_exits_1(tmp_path):
                           text=True, check=False, timeout=60)
     assert proc.returncode == 1
     assert "bench broken FAILED: the broken bench gave up" in proc.stdout
+
+
+def test_a_pipe_in_a_figure_name_does_not_break_the_markdown_table():
+    (row,) = F.markdown([F.info("b", "a|b", 1.0)]).splitlines()[2:]
+    assert row == "| b | a\\|b | 1x | - | - |"
