@@ -28,6 +28,7 @@ import onnx
 import pytest
 
 from ep.cli import main as npu_sim
+from ep.framework import registry
 from ep.models import tiny_cnn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,6 +94,8 @@ def test_doc_examples_run(doc, tmp_path, monkeypatch):
         pytest.skip(f"{doc.name} has no code to run")
     onnx.save(tiny_cnn(), tmp_path / "model.onnx")
     monkeypatch.chdir(tmp_path)
+    # A document may register a provider by name (writing_an_ep.md); it lasts for that test.
+    monkeypatch.setattr(registry, "_registry", dict(registry._registry))
     namespace: dict = {"__name__": f"docs_{doc.stem}"}
     for block in runnable:
         run_block(block, namespace)
