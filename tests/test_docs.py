@@ -10,8 +10,8 @@ Each document's fenced blocks run in order, in one fresh temporary folder holdin
   ``ep.cli.main`` (the console script's entry point) and must exit 0; other lines (``pip``,
   ``pytest``, ``python -m venv``) are the install and CI steps ``.ci/run`` runs;
 - a block marked ```` ```python no-run ```` or ```` ```sh no-run ```` is not run: only for
-  fragments that cannot (a Ray cluster, a file of the reader's); each must say why on the
-  marker line's block, and the test counts them so they stay few.
+  fragments that cannot (an excerpt of a source file, a Ray cluster); the text beside it says
+  why, and the test counts them so they stay few.
 
 Blocks without a language (formulas, layouts, sample output) are not code.
 """
@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
                    re.M | re.S)
+SHELLS = ("sh", "bash")
+NOT_CODE = ("text", "json", "toml", "csv")  # languages that are data, never run
 SHELL_METACHARACTERS = set("|><;&$`*?")
 MAX_NO_RUN = 4  # blocks opted out across every document; raising it needs a reason
 
@@ -82,13 +84,13 @@ def npu_sim_commands(block: Block) -> list[list[str]]:
 def run_block(block: Block, namespace: dict) -> None:
     if block.language == "python":
         exec(compile(block.code, f"{block.doc}:{block.line}", "exec"), namespace)  # noqa: S102
-    elif block.language in ("sh", "bash", "console"):
+    elif block.language in SHELLS:
         for argv in npu_sim_commands(block):
             assert npu_sim(argv) == 0, f"{block}: npu-sim {shlex.join(argv)} failed"
 
 
 def runnable(doc: Path) -> list[Block]:
-    return [b for b in blocks(doc) if b.run and b.language in ("python", "sh", "bash")]
+    return [b for b in blocks(doc) if b.run and b.language in ("python", *SHELLS)]
 
 
 @pytest.mark.parametrize("doc", [d for d in DOCS if runnable(d)],
@@ -104,6 +106,13 @@ def test_doc_examples_run(doc, tmp_path, monkeypatch):
     for name, value in list(namespace.items()):
         if name.startswith("test_") and callable(value):
             value()
+
+
+def test_every_block_is_code_or_data():
+    """A misspelt language (```pyhton) would quietly leave a block unrun."""
+    odd = [str(b) for doc in DOCS for b in blocks(doc)
+           if b.language not in ("python", *SHELLS, *NOT_CODE)]
+    assert not odd, f"blocks of unknown language: {odd}"
 
 
 def test_few_blocks_opt_out():
