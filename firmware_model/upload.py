@@ -57,7 +57,7 @@ def upload_weights(fw: Firmware, program: Program, base: int) -> None:
         for start, host in _upload_runs(spans, order, _owner_of(program)):
             key = (host_address(host), host.size)
             if key not in maps:
-                maps[key] = device.map_host(host)
+                maps[key] = device.map_host(host, share=True)
             dmas.append((maps[key], base + start, host.size))
         fw.run([Dma(n, src, dst, size) for n, (src, dst, size) in enumerate(dmas)])
     finally:
@@ -102,7 +102,8 @@ def stream_weights(fw: Firmware, program: Program, buffer: DeviceBuffer,
     events: dict[int, simpy.Event] = {}
     last = after
     for start, host in sorted(runs, key=rank):
-        last = device.memcpy_h2d_async(buffer, host, start, deps=[] if last is None else [last])
+        last = device.memcpy_h2d_async(buffer, host, start, deps=[] if last is None else [last],
+                                       share=True)
         landed = []
         for o in order:
             if start <= o < start + host.size:
