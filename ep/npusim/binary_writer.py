@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import weakref
 import zlib
 from collections.abc import Sequence
 from numbers import Integral, Real
@@ -250,15 +251,32 @@ class _WeightHashes:
     """Stands in for :class:`_Weights` when a program is encoded for its digest: every blob at
     offset 0 (so the record does not depend on a binary's layout), each content's SHA-256 kept."""
 
-    def __init__(self) -> None:
+    def __init__(self, known: dict[int, bytes]) -> None:
         self.digests: list[bytes] = []
-        self.known: dict[int, bytes] = {}
+        self.known = known
 
     def add(self, data: Buffer, target: int | None = None,
             key: int | None = None) -> tuple[int, int]:
         known = self.known.get(key) if key is not None else None
-        self.digests.append(known or hashlib.sha256(data).digest())
+        if known is None:
+            known = hashlib.sha256(data).digest()
+            if key is not None:
+                self.known[key] = known
+        self.digests.append(known)
         return 0, 0
+
+
+_DIGESTS: dict[int, tuple[weakref.ref[Program], str, dict[int, bytes]]] = {}
+"""Per live program (by id): its graph digest and its weights' SHA-256s (by id of the weight
+object), so a program's weights are hashed once at compile whichever comes first, the binary
+or the EPContext node's ``notes``. An entry leaves with its program."""
+
+
+def _recall(program: Program) -> tuple[str, dict[int, bytes]] | None:
+    entry = _DIGESTS.get(id(program))
+    if entry is None or entry[0]() is not program:
+        return None
+    return entry[1], entry[2]
 
 
 def graph_digest(program: Program, known: dict[int, bytes] | None = None) -> str:
@@ -266,9 +284,14 @@ def graph_digest(program: Program, known: dict[int, bytes] | None = None) -> str
     its own string table), its command stream and the SHA-256 of each of its weights. The same
     program gives the same digest in any binary; any change to what it computes changes it.
     EPContext nodes record it and loading checks it against the binary's GRAPH_DIGESTS.
-    ``known`` maps ids of the program's weight objects to SHA-256s computed already."""
-    strings, weights, commands = _Strings(), _WeightHashes(), []
-    weights.known = known or {}  # SHA-256s already computed, by id of the weight object
+    ``known`` maps ids of the program's weight objects to SHA-256s computed already; the
+    result is remembered while ``program`` lives (programs are immutable)."""
+    recalled = _recall(program)
+    if recalled is not None:
+        return recalled[0]
+    strings, commands = _Strings(), []
+    ids = {id(data) for data in program.weights.values()}
+    weights = _WeightHashes({k: v for k, v in (known or {}).items() if k in ids})
     record = _encode_program(program, strings, weights, commands, 0)  # type: ignore[arg-type]
     digest = hashlib.sha256()
     for part in (program.name.encode("utf-8"), strings.encode(), record, *commands):
@@ -276,6 +299,9 @@ def graph_digest(program: Program, known: dict[int, bytes] | None = None) -> str
         digest.update(part)
     for blob in weights.digests:
         digest.update(blob)
+    key = id(program)
+    _DIGESTS[key] = (weakref.ref(program, lambda _ref: _DIGESTS.pop(key, None)),
+                     digest.hexdigest(), weights.known)
     return digest.hexdigest()
 
 
@@ -335,6 +361,10 @@ def _layout(programs: Sequence[Program], hardware_architecture: str, config_dige
     sdk = _header_text(sdk_version, 32, "sdk_version")
     strings = _Strings()
     weights = _Weights() if external is None else _external(programs, external, strings)
+    for p in programs:  # weights the EPContext notes hashed already
+        recalled = _recall(p)
+        if recalled is not None:
+            weights.known.update(recalled[1])
     commands: list[bytes] = []
     commands_size = 0
     graphs = bytearray(L.GRAPH_COUNT.pack(len(programs)))
