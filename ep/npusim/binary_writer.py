@@ -17,7 +17,6 @@ import hashlib
 import os
 import struct
 import weakref
-import zlib
 from collections.abc import Sequence
 from numbers import Integral, Real
 from pathlib import Path
@@ -323,7 +322,7 @@ def _block_checksums(pieces: Sequence[Buffer], block: int) -> bytes:
         view = memoryview(piece).cast("B")
         while len(view):
             take = min(block - filled, len(view))
-            crc, filled, view = zlib.crc32(view[:take], crc), filled + take, view[take:]
+            crc, filled, view = L.crc32(view[:take], crc), filled + take, view[take:]
             if filled == block:
                 crcs.append(crc)
                 crc, filled = 0, 0
@@ -400,7 +399,7 @@ def _layout(programs: Sequence[Program], hardware_architecture: str, config_dige
         body.append(bytes(offset - position))
         crc, length = 0, 0
         for piece in pieces:
-            crc = zlib.crc32(piece, crc)
+            crc = L.crc32(piece, crc)
             length += len(piece)
         if kind == L.SectionKind.WEIGHTS:
             crc = 0  # covered block by block by WEIGHT_CHECKSUMS
@@ -409,8 +408,8 @@ def _layout(programs: Sequence[Program], hardware_architecture: str, config_dige
         position = offset + length
     header = bytearray(L.HEADER_SIZE)
     L.HEADER.pack_into(header, 0, L.MAGIC, *FORMAT_VERSION, L.HEADER_SIZE, 0, len(sections),
-                       table_offset, position, sdk, arch, digest, zlib.crc32(table))
-    struct.pack_into("<I", header, L.HEADER_CRC_OFFSET, zlib.crc32(header))
+                       table_offset, position, sdk, arch, digest, L.crc32(table))
+    struct.pack_into("<I", header, L.HEADER_CRC_OFFSET, L.crc32(header))
     listing = weights.listing if isinstance(weights, _ExternalWeights) else []
     return [bytes(header), bytes(table), *body], listing
 
