@@ -133,7 +133,9 @@ class _Step:
 def _typed_view(loaded: LoadedProgram, tensor: int, *, writable: bool) -> np.ndarray:
     address, spec = loaded.operand(tensor)
     hbm = loaded.firmware.device.hbm
-    raw = hbm.view(address, spec.nbytes) if spec.nbytes else np.zeros(0, np.uint8)
+    # Read-only operands peek: weights mapped from a file are read where they lie.
+    raw = np.zeros(0, np.uint8) if not spec.nbytes else \
+        hbm.view(address, spec.nbytes) if writable else hbm.peek(address, spec.nbytes)
     array = raw.view(dtypes.to_numpy(spec.dtype)).reshape(spec.shape)
     array.flags.writeable = writable
     return array

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+from bisect import bisect_left
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -57,7 +58,7 @@ def upload_weights(fw: Firmware, program: Program, base: int) -> None:
         for start, host in _upload_runs(spans, order, _owner_of(program)):
             key = (host_address(host), host.size)
             if key not in maps:
-                maps[key] = device.map_host(host)
+                maps[key] = device.map_host(host, share=True)
             dmas.append((maps[key], base + start, host.size))
         fw.run([Dma(n, src, dst, size) for n, (src, dst, size) in enumerate(dmas)])
     finally:
@@ -94,20 +95,24 @@ def stream_weights(fw: Firmware, program: Program, buffer: DeviceBuffer,
     runs = _upload_runs(spans, order, {})  # no owners: each weight its own transfer
     late = len(program.launches)
 
-    def rank(run: tuple[int, np.ndarray]) -> int:
+    def inside(run: tuple[int, np.ndarray]) -> list[int]:
+        """The weight offsets a run covers (``order`` is sorted: a slice, not a scan)."""
         start, host = run
-        return min((first_use.get(i, late) for o in order if start <= o < start + host.size
-                    for i in readers[o]), default=late)
+        return order[bisect_left(order, start):bisect_left(order, start + host.size)]
+
+    def rank(run: tuple[int, np.ndarray]) -> int:
+        return min((first_use.get(i, late) for o in inside(run) for i in readers[o]),
+                   default=late)
 
     events: dict[int, simpy.Event] = {}
     last = after
     for start, host in sorted(runs, key=rank):
-        last = device.memcpy_h2d_async(buffer, host, start, deps=[] if last is None else [last])
+        last = device.memcpy_h2d_async(buffer, host, start, deps=[] if last is None else [last],
+                                       share=True)
         landed = []
-        for o in order:
-            if start <= o < start + host.size:
-                events.update((i, last) for i in readers[o])
-                landed.extend(program.weights[i] for i in readers[o])
+        for o in inside((start, host)):
+            events.update((i, last) for i in readers[o])
+            landed.extend(program.weights[i] for i in readers[o])
         last.callbacks.append(lambda _event, views=landed: [drop_resident(v) for v in views])
     return events, last
 

@@ -257,7 +257,8 @@ class WeightStore:
                        stream: bool) -> _Resident:
         """One weight into caller-provided memory, streamed or waited for."""
         ready = self.firmware.device.memcpy_h2d_async(
-            buffer, host, offset, deps=[] if self._tail is None or not stream else [self._tail])
+            buffer, host, offset, deps=[] if self._tail is None or not stream else [self._tail],
+            share=True)
         if stream:
             self._tail = ready
         else:

@@ -184,7 +184,7 @@ class Compute:
 
     def _load(self, address: int, spec: TensorSpec) -> np.ndarray:
         """A read-only view of the operand's bytes in HBM, of its spec's shape and dtype."""
-        raw = self.hbm.view(address, spec.nbytes) if spec.nbytes else np.zeros(0, np.uint8)
+        raw = self.hbm.peek(address, spec.nbytes) if spec.nbytes else np.zeros(0, np.uint8)
         array = raw.view(dtypes.to_numpy(spec.dtype)).reshape(spec.shape)
         array.flags.writeable = False
         return array

@@ -76,9 +76,11 @@ class Device:
         """Release HBM (see :meth:`Hbm.free`)."""
         self.hbm.free(buf)
 
-    def map_host(self, array: np.ndarray) -> int:
-        """Make a C-contiguous host array reachable by DMA; returns its I/O virtual address."""
-        return self.host_map.map(array)
+    def map_host(self, array: np.ndarray, *, share: bool = False) -> int:
+        """Make a C-contiguous host array reachable by DMA; returns its I/O virtual address.
+        ``share``: HBM may refer to the array's bytes instead of copying them, if they can
+        never change (see :meth:`HostMap.map`)."""
+        return self.host_map.map(array, share=share)
 
     def unmap_host(self, iova: int) -> None:
         """Remove a mapping made by :meth:`map_host`."""
@@ -90,12 +92,13 @@ class Device:
     # copy must wait for as ``deps`` (e.g. a d2h after the kernel that produced its data).
 
     def memcpy_h2d_async(self, dst: DeviceBuffer, host_array: np.ndarray, dst_offset: int = 0,
-                         *, deps: Sequence[simpy.Event] = ()) -> simpy.Event:
-        """Copy all of ``host_array`` to ``dst`` at ``dst_offset``; an event for its arrival."""
+                         *, deps: Sequence[simpy.Event] = (), share: bool = False) -> simpy.Event:
+        """Copy all of ``host_array`` to ``dst`` at ``dst_offset``; an event for its arrival.
+        ``share``: as for :meth:`map_host` (weights from a mapped file are referred to)."""
         array = self._host_array(host_array, writable=False)
         self._check_range(dst, dst_offset, array.nbytes, "dst")
         return self._copy_host(array, dst.address + dst_offset, to_device=True,
-                               deps=self._events(deps))
+                               deps=self._events(deps), share=share)
 
     def memcpy_d2h_async(self, host_array: np.ndarray, src: DeviceBuffer, src_offset: int = 0,
                          *, deps: Sequence[simpy.Event] = ()) -> simpy.Event:
@@ -103,7 +106,7 @@ class Device:
         array = self._host_array(host_array, writable=True)
         self._check_range(src, src_offset, array.nbytes, "src")
         return self._copy_host(array, src.address + src_offset, to_device=False,
-                               deps=self._events(deps))
+                               deps=self._events(deps), share=False)
 
     def memcpy_d2d_async(self, dst: DeviceBuffer, src: DeviceBuffer, nbytes: int,
                          dst_offset: int = 0, src_offset: int = 0,
@@ -122,10 +125,10 @@ class Device:
         self.env.run()
 
     def _copy_host(self, array: np.ndarray, device_address: int, *, to_device: bool,
-                   deps: Sequence[simpy.Event]) -> simpy.Event:
+                   deps: Sequence[simpy.Event], share: bool) -> simpy.Event:
         if array.nbytes == 0:  # nothing to move: already complete
             return self.env.event().succeed()
-        iova = self.host_map.map(array)
+        iova = self.host_map.map(array, share=share)
         src, dst = (iova, device_address) if to_device else (device_address, iova)
         try:
             done = self.dma.transfer(src, dst, array.nbytes, deps=deps)

