@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
+from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
@@ -212,7 +213,12 @@ def check(model: onnx.ModelProto, source: str | bytes, feeds: dict[str, np.ndarr
     """Each output against onnxruntime CPU: ``{name: {ok, tolerance, problem}}``."""
     from ep.testing.compare import compare, quantized_outputs, reference_outputs
 
+    original = source_of(model, source)
+    if original is not None:  # onnxruntime cannot run EPContext nodes: check the source model
+        model, source = cli_errors.load_model(original), original
     want, _, label, error = reference_outputs(model, feeds, source)
+    if original is not None:
+        label = f"{label} of {original}"
     if error is not None or want is None:
         raise InvalidArgument(f"onnxruntime CPU cannot run the model to check it: {error}")
     quantized = quantized_outputs(model)
@@ -223,6 +229,26 @@ def check(model: onnx.ModelProto, source: str | bytes, feeds: dict[str, np.ndarr
         result[vi.name] = {"ok": problem is None, "tolerance": tolerance(ref.dtype, q),
                            "reference": label, "problem": problem}
     return result
+
+
+def source_of(model: onnx.ModelProto, source: str | bytes) -> str | None:
+    """For an EPContext model, the source model it was compiled from (the EPContext nodes'
+    ``onnx_model_filename``, beside it); None for any other model. InvalidArgument when it
+    is an EPContext model whose source is not there."""
+    from ep.framework import epcontext as E
+
+    names = {E.parse_ep_context_node(n).onnx_model_filename for n in model.graph.node
+             if E.is_ep_context_node(n)}
+    if not names:
+        return None
+    folder = Path(source).parent if isinstance(source, str) else Path()
+    found = [folder / n for n in names if n and (folder / n).is_file()]
+    if len(found) != 1:
+        raise InvalidArgument(f"--check compares with onnxruntime, which cannot run EPContext "
+                              f"nodes, so it runs the source model instead; expected it beside "
+                              f"the EPContext model as {sorted(filter(None, names))} in "
+                              f"{str(folder)!r}")
+    return str(found[0])
 
 
 def tolerance(dtype: np.dtype, quantized: bool) -> str:

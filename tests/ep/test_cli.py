@@ -189,3 +189,20 @@ def test_text_decline_reasons_are_whole(capsys):
     assert main(["run"]) == 0
     line = next(t for t in capsys.readouterr().out.splitlines() if t.startswith("  declined"))
     assert line == f"  declined TopK x1 (topk): {reason}"
+
+
+def test_check_of_an_epcontext_model_runs_onnxruntime_on_its_source(tmp_path, capsys):
+    from ep.models import tiny_cnn
+
+    onnx.save(tiny_cnn(), tmp_path / "m.onnx")
+    assert main(["compile", str(tmp_path / "m.onnx")]) == 0
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "m_ctx.onnx"), "--check", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert all(c["ok"] for c in report["check"].values())
+    assert {c["reference"] for c in report["check"].values()} == {
+        f"onnxruntime CPU (whole model) of {tmp_path / 'm.onnx'}"}
+    (tmp_path / "m.onnx").unlink()
+    assert main(["run", str(tmp_path / "m_ctx.onnx"), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "as ['m.onnx'] in" in err
