@@ -30,8 +30,10 @@ def add_compile(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "compile", help="compile a model to <model>_ctx.onnx and its context binary",
         description="Compile MODEL ahead of time for the simulated NPU (ep.ModelCompiler): "
-                    "writes an EPContext model and the context binary it refers to. With "
-                    "--share, several models share one context binary (weights stored once).")
+                    "writes an EPContext model and the context binary it refers to. The graph "
+                    "is compiled after the basic rewrites a session applies (constant folding), "
+                    "so it partitions as `npu-sim run` does. With --share, several models "
+                    "share one context binary (weights stored once).")
     p.add_argument("model", help="path of an .onnx model")
     p.add_argument("-o", "--output", default=None, metavar="OUT",
                    help="path of the EPContext model (default: MODEL with .onnx -> _ctx.onnx); "
@@ -112,7 +114,10 @@ def _compile_one(args: argparse.Namespace, model: str, output: Path, out: TextIO
         if last:
             so.add_session_config_entry("ep.stop_share_ep_contexts", "1")
     with cli_progress.phase(f"compiling {model} for {args.device}"):
-        ep.ModelCompiler(so, model, embed_compiled_data_into_model=args.embed
+        # onnxruntime's ModelCompiler optimizes nothing by default; the command compiles what
+        # a session (and `npu-sim run`) would run: the graph after the basic rewrites.
+        ep.ModelCompiler(so, model, embed_compiled_data_into_model=args.embed,
+                         graph_optimization_level=ep.GraphOptimizationLevel.ORT_ENABLE_ALL,
                          ).compile_to_file(str(output))
     compiled = onnx.load(str(output), load_external_data=False)
     contexts = [n for n in compiled.graph.node if n.op_type == "EPContext"]

@@ -79,7 +79,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     with cli_progress.phase(f"loading {label} on {args.device}"):
         session = InferenceSession(source, cli_trace.profiling(args.trace),
                                    providers=[(NPU, options)])
-    feeds = load_inputs(model, args.inputs) if args.inputs else generate_inputs(model, args.seed)
+    feeds = load_inputs(model, args.inputs) if args.inputs else generate_inputs(
+        described_by(model, source), args.seed)
     try:
         with cli_progress.phase(f"running {label}"):
             outputs = session.run(None, feeds)
@@ -229,6 +230,17 @@ def check(model: onnx.ModelProto, source: str | bytes, feeds: dict[str, np.ndarr
         result[vi.name] = {"ok": problem is None, "tolerance": tolerance(ref.dtype, q),
                            "reference": label, "problem": problem}
     return result
+
+
+def described_by(model: onnx.ModelProto, source: str | bytes) -> onnx.ModelProto:
+    """The model whose graph says what ``model``'s inputs may hold: for an EPContext model the
+    source model beside it when it is there (a Gather inside an EPContext node is out of
+    sight), else ``model`` itself."""
+    try:
+        original = source_of(model, source)
+    except InvalidArgument:
+        return model
+    return model if original is None else cli_errors.load_model(original)
 
 
 def source_of(model: onnx.ModelProto, source: str | bytes) -> str | None:

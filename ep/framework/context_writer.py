@@ -39,7 +39,7 @@ from .options import (
     EP_CONTEXT_NODE_NAME_PREFIX,
     SHARE_EP_CONTEXTS,
 )
-from .partitioner import PartitionPlan
+from .partitioner import PartitionPlan, shared_constant
 from .provider import ExecutionProvider, FusedNode
 
 
@@ -60,6 +60,12 @@ def build_context_model(
             nodes.extend(view.nodes[i] for i in part.nodes)
     used = {name for node in nodes for name in _reads(node)}
     initializers = [view.initializers[n] for n in view.initializers if n in used]
+    # A small Constant node's output crosses no partition boundary (the partitioner copies it
+    # into each fused subgraph that reads it); when its Constant node went into an EPContext
+    # node, the kept nodes that read it get it as an initializer.
+    made = {o for node in nodes for o in node.output}
+    initializers += [numpy_helper.from_array(view.constant(n), n) for n in sorted(used - made)
+                     if shared_constant(view, n)]
     inputs = [i for i in source.graph.input
               if i.name not in view.initializers or i.name in used]
     io = {i.name for i in source.graph.input} | {o.name for o in source.graph.output}

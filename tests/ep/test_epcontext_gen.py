@@ -221,3 +221,35 @@ def test_npu_generation_one_binary_with_every_graph(tmp_path: Path) -> None:
     assert first["max_size"] == (tmp_path / "npu_npusim.bin").stat().st_size
     with ContextBinary.open(tmp_path / "npu_npusim.bin") as binary:
         assert binary.graph_names() == names
+
+
+@pytest.mark.parametrize("level", [ep.GraphOptimizationLevel.ORT_DISABLE_ALL,
+                                   ep.GraphOptimizationLevel.ORT_ENABLE_ALL])
+def test_cpu_node_reading_a_constant_compiled_into_an_ep_context_node(tmp_path: Path,
+                                                                        level: int) -> None:
+    """A small Constant crosses no partition boundary: the partitioner copies it into every
+    fused subgraph that reads it. When the Constant node goes into an EPContext node, the CPU
+    nodes that read it must still find it in the EPContext model (torch's exported BERT has
+    such Constants feeding attention-mask Where nodes)."""
+    c = helper.make_node("Constant", [], ["c"], name="c",
+                         value=numpy_helper.from_array(np.float32([2.5])))
+    graph = helper.make_graph(
+        [c, helper.make_node("Add", ["x", "c"], ["a"], name="add"),
+         helper.make_node("Mul", ["a", "c"], ["y"], name="mul")], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])])
+    path = tmp_path / "const.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    so = ep.SessionOptions()
+    so.add_provider("NpuSimExecutionProvider", {"cpu_nodes": "mul"})
+    ctx = tmp_path / "const_ctx.onnx"
+    ep.ModelCompiler(so, str(path), graph_optimization_level=level).compile_to_file(str(ctx))
+    model = onnx.load(ctx)
+    assert [n.op_type for n in model.graph.node] == ["EPContext", "Mul"]
+    assert "c" in {t.name for t in model.graph.initializer}
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    (got,) = ep.InferenceSession(str(ctx), providers=["NpuSimExecutionProvider"]).run(
+        None, {"x": x})
+    (want,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
