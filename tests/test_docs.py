@@ -1,14 +1,16 @@
-"""The code in README.md and docs/*.md runs, so the docs cannot rot.
+"""The code in README.md, docs/*.md and traces/README.md runs, so the docs cannot rot.
 
 Each document's fenced blocks run in order, in one fresh temporary folder holding ``model.onnx``
-(the bundled ``tiny_cnn``), the file every example starts from:
+(the bundled ``tiny_cnn``), the file every example starts from, and ``traces/``, a copy of the
+sample traces (so a command that writes beside them writes into the copy, never the tree):
 
 - a ```` ```python ```` block is executed in one namespace per document, so a block may use
   names and files an earlier block of the same document made; ``test_*`` functions a document
   defines (docs/testing.md's hypothesis test) are called once its blocks have run;
 - in a ```` ```sh ```` block, every line that is an ``npu-sim`` command runs through
   ``ep.cli.main`` (the console script's entry point) and must exit 0; other lines (``pip``,
-  ``pytest``, ``python -m venv``) are the install and CI steps ``.ci/run`` runs;
+  ``pytest``, ``python -m venv``) are the install and CI steps ``.ci/run`` runs, and
+  ``python -m ep.traces``, whose output tests/trace/test_samples.py checks;
 - a block marked ```` ```python no-run ```` or ```` ```sh no-run ```` is not run: only for
   fragments that cannot (an excerpt of a source file, a Ray cluster); the text beside it says
   why, and the test counts them so they stay few.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +35,8 @@ from ep.framework import registry
 from ep.models import tiny_cnn
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+TRACES = ROOT / "traces"
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), TRACES / "README.md"]
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
                    re.M | re.S)
 SHELLS = ("sh", "bash")
@@ -97,6 +101,7 @@ def runnable(doc: Path) -> list[Block]:
                          ids=lambda d: str(d.relative_to(ROOT)))
 def test_doc_examples_run(doc, tmp_path, monkeypatch):
     onnx.save(tiny_cnn(), tmp_path / "model.onnx")
+    shutil.copytree(TRACES, tmp_path / "traces")
     monkeypatch.chdir(tmp_path)
     # A document may register a provider by name (writing_an_ep.md); it lasts for that test.
     monkeypatch.setattr(registry, "_registry", dict(registry._registry))

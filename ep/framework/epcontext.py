@@ -1,10 +1,10 @@
 """EPContext models: ONNX models whose compiled partitions are ``EPContext`` nodes.
 
-An EPContext model (``shared/reference/ort-ep-context-design.md``) is the source model with each
-partition an EP compiled replaced by one node ``com.microsoft::EPContext`` carrying what the EP
-needs to run it without compiling again: the context payload itself (``embed_mode=1``) or the
-path of a context binary relative to the model (``embed_mode=0``). Nodes left to the CPU provider
-stay as they are. The split of work follows ONNX Runtime:
+An EPContext model (ONNX Runtime's "EP Context Design"; ``docs/epcontext.md``) is the source
+model with each partition an EP compiled replaced by one node ``com.microsoft::EPContext``
+carrying what the EP needs to run it without compiling again: the context payload itself
+(``embed_mode=1``) or the path of a context binary relative to the model (``embed_mode=0``).
+Nodes left to the CPU provider stay as they are. The split of work follows ONNX Runtime:
 
 * the **EP** makes its EPContext nodes (and writes its context binary) when it compiles; this
   module gives it :func:`make_ep_context_node`, :func:`generation_settings` (the resolved output

@@ -4,8 +4,9 @@ ONNX stores a graph as lists of protobuf messages; everything the EP layer asks 
 this tensor?", "what is its dtype and shape?", "is it a constant?") would be a linear scan. A
 :class:`GraphView` answers those questions from indices built once:
 
-* the model is copied, symbolic input dimensions are fixed (``dim_overrides``, the
-  ``session.set_free_dimension_override_by_name`` idea of ONNX Runtime), and ONNX shape
+* the model is copied (or, ``owned``, taken and edited in place: a session's own parsed model,
+  whose weights are then never copied), symbolic input dimensions are fixed (``dim_overrides``,
+  from ``SessionOptions.add_free_dimension_override_by_name`` as in ONNX Runtime), and ONNX shape
   inference fills in every intermediate type it can (data propagation on, so shapes computed
   from ``Shape``/``Concat`` chains become static);
 * nodes are sorted topologically (stable: among ready nodes the one earlier in the file goes

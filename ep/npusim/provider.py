@@ -1,20 +1,29 @@
 """``NpuSimExecutionProvider``: the NPU execution provider, in ONNX Runtime's shape.
 
 Created with a :class:`~ep.framework.provider.ProviderContext` whose provider options are
-strings, as ONNX Runtime passes them:
+strings, as ONNX Runtime passes them (:data:`OPTION_KEYS`; docs/epcontext.md has the full table):
 
-=============  ==========================================================================
-``device``     a preset name (``npu-s``, ``npu-m``, ``npu-l``, ``os32``) or the path of a
-               ``.json`` / ``.toml`` device config; default ``npu-m``
-``functional`` ``"1"`` (default): compute values; ``"0"``: timing only, outputs are zeros
-``allocator``  the device's HBM allocation strategy (``best_fit`` default, ``first_fit``,
-               ``mru``)
-``cpu_nodes``  comma-separated node names and op types the NPU declines, so they run on the
-               CPU provider (a node that fails to compile or fit); one that matches nothing in
-               the model is ``InvalidArgument``
-any other key  whose value is an integer: the value of the symbolic dimension of that name
-               (``{"batch": "1"}``)
-=============  ==========================================================================
+===========================  ============================================================
+``device``                   a preset name (``npu-s``, ``npu-m``, ``npu-l``, ``os32``) or the
+                             path of a ``.json`` / ``.toml`` device config; default ``npu-m``
+``functional``               ``"1"`` (default): compute values; ``"0"``: timing only
+``allocator``                HBM allocation strategy (``best_fit`` default, ``first_fit``,
+                             ``mru``)
+``cpu_nodes``                comma-separated node names and op types the NPU declines, so
+                             they run on the CPU provider (a node that fails to compile or
+                             fit); one that matches nothing is ``InvalidArgument``
+``external_weights``         a generated context's weights: ``"0"`` (default) in the binary,
+                             ``"1"`` a file per weight, ``"2"`` one combined file
+``external_weights_folder``  their folder, relative to the ``_ctx.onnx``'s (default ``weight``)
+``weight_streaming``         ``"1"`` (default): a kernel starts once its own weights arrived;
+                             ``"0"``: creation waits for every upload
+any other key                an integer: the value of the symbolic dimension of that name
+                             (``{"batch": "1"}``); anything else is ``InvalidArgument``
+===========================  ============================================================
+
+Passed as an instance, ``NpuSimExecutionProvider(device=..., weight_memory=...)`` runs on a
+:class:`~npu_sim.device.Device` the caller made and places external weights in buffers the
+caller allocated (:meth:`set_external_weight_address`).
 
 :meth:`get_capability` / :meth:`decline_reasons` come from :mod:`ep.npusim.capability`;
 :meth:`compile` compiles each fused node (:func:`ep.npusim.compiler.compile_partition`) and

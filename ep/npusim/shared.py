@@ -1,7 +1,7 @@
 """The NPU EP's shared workspace: EPContext weight sharing across sessions.
 
-ONNX Runtime's design (``shared/reference/ort-ep-context-design.md``, "EPContext with Weight
-Sharing") groups sessions with ``ep.share_ep_contexts=1``; the last one sets
+ONNX Runtime's "EP Context Design" ("EPContext with Weight Sharing"; ``docs/epcontext.md``)
+groups sessions with ``ep.share_ep_contexts=1``; the last one sets
 ``ep.stop_share_ep_contexts=1``. The EP keeps what the group shares in a process-wide singleton,
 :func:`workspace`, every access guarded by one lock.
 
