@@ -7,12 +7,12 @@ exits with status 1. ``--json`` prints the machine-readable form instead of text
 
 - ``npu-sim export TRACE --format perfetto|ort -o FILE``
 - ``npu-sim replay TRACE [--device PRESET_OR_FILE] [--mode elastic|recorded] [-o OUT]``
-
-Elastic replays and sweeps here re-decide each launch's core split with the compiler's rule
-(:func:`ep.traces.compiler_split`), as a re-compilation for the new device would.
 - ``npu-sim report TRACE [--top N] [--plot DIR]``
 - ``npu-sim diff A B``
 - ``npu-sim sweep TRACE --grid FILE [-o STEM] [--workers N] [--ray [ADDRESS]]``
+
+Elastic replays and sweeps here re-decide each launch's core split with the compiler's rule
+(:func:`ep.traces.compiler_split`), as a re-compilation for the new device would.
 """
 
 from __future__ import annotations
