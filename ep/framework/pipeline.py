@@ -86,7 +86,7 @@ def construct(
     loaded without generating (ONNX Runtime's sessions skip generation for it), or, given
     ``already_compiled``, that error is raised."""
     source, model_path = load_model(path_or_bytes, config)
-    check_model_tensors(source)
+    weights = check_model_tensors(source)
     writer = make_writer(model_path)
     provider_config = writer.provider_config() if writer is not None else dict(config)
     providers = build_providers(provider_specs, provider_config, model_path)
@@ -96,7 +96,7 @@ def construct(
     # The model was parsed here: the optimizer edits it in place and the view takes it as it
     # is, so its weights are never copied (the session's ``model`` is the graph it ran).
     graph = GraphView.from_model(optimize(source, optimization_level, dims, in_place=True),
-                                 dim_overrides=dims, owned=True)
+                                 dim_overrides=dims, owned=True, weights=weights)
     if writer is not None and any(is_ep_context_node(n) for n in graph.nodes):
         if already_compiled is not None:
             raise already_compiled

@@ -81,7 +81,8 @@ def compile_partition(
 ) -> CompiledPartition:
     """Compile ``fused`` for ``config``; raises ``ep.errors`` types for what cannot compile."""
     start = time.perf_counter()
-    graph = SubGraph.from_fused(fused.graph, fused.opset_imports, dim_overrides)
+    graph = SubGraph.from_fused(fused.body, fused.opset_imports, dim_overrides,
+                                initializers=fused.all_initializers(), values=fused.values)
     seconds = {"import": time.perf_counter() - start}
     return compile_subgraph(graph, config, name=name or fused.name, seconds=seconds)
 
