@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
+from .tensors import restore_raw_data
+
 if TYPE_CHECKING:
     from .graph import GraphView
 
@@ -73,6 +75,7 @@ class FusedNode:
         graph.CopyFrom(self.body)
         del graph.initializer[:]
         graph.initializer.extend(self.all_initializers())
+        restore_raw_data(graph.initializer, self.values)
         return graph
 
     def all_initializers(self) -> list[onnx.TensorProto]:
