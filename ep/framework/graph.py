@@ -164,6 +164,7 @@ class GraphView:
         for vi in (*self.graph.input, *self.graph.output, *self.graph.value_info):
             self._value_info.setdefault(vi.name, vi)
         self._constants: dict[str, np.ndarray | None] = {}
+        self._types: dict[str, tuple[str | None, Shape | None]] = {}
         # Only values that still match their initializer's type and shape (the optimizer may
         # have replaced a small one under the same name; weights it never sees).
         self._weights = {name: value for name, value in weights.items()
@@ -206,6 +207,12 @@ class GraphView:
         Shape entries are ints for static dims, the dim_param string for symbolic ones and
         None for unknown ones; the shape is None when even the rank is unknown.
         """
+        found = self._types.get(tensor)
+        if found is None:  # the view is read-only: decode each tensor's type once
+            found = self._types[tensor] = self._tensor_type(tensor)
+        return found
+
+    def _tensor_type(self, tensor: str) -> tuple[str | None, Shape | None]:
         if tensor in self.initializers:
             init = self.initializers[tensor]
             return _dtype_name(init.data_type), tuple(int(d) for d in init.dims)

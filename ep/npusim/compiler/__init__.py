@@ -108,7 +108,8 @@ def compile_subgraph(
     lap("rewrite")
     lowered = lower(graph)
     lap("lower")
-    plans = [_plan(config, lowered, i) for i in range(len(lowered.launches))]
+    priced: dict[tuple, TilePlan] = {}
+    plans = [_plan(config, lowered, i, priced) for i in range(len(lowered.launches))]
     lap("tiling")
     buffers = liveness(lowered)
     arena = plan_arena(buffers, config.hbm_alignment)
@@ -136,11 +137,21 @@ def compile_subgraph(
     return CompiledPartition(program, report)
 
 
-def _plan(config: DeviceConfig, lowered: Lowered, i: int) -> TilePlan:
+def _plan(config: DeviceConfig, lowered: Lowered, i: int,
+          priced: dict[tuple, TilePlan]) -> TilePlan:
+    """Launch ``i``'s tile plan; launches of the same op, types and attributes (``priced``, by
+    their repr: -0.0 is not 0.0) share one, since pricing reads nothing else."""
     launch = lowered.launches[i]
-    ins = [lowered.tensors[t].spec if t >= 0 else None for t in launch.inputs]
-    outs = [lowered.tensors[t].spec for t in launch.outputs]
-    return plan_launch(config, launch.op, ins, outs, launch.attrs)
+    ins = [lowered.tensors[t] if t >= 0 else None for t in launch.inputs]
+    outs = [lowered.tensors[t] for t in launch.outputs]
+    key = (launch.op, tuple((t.dtype, t.shape) if t else None for t in ins),
+           tuple((t.dtype, t.shape) for t in outs), repr(launch.attrs))
+    plan = priced.get(key)
+    if plan is None:
+        plan = priced[key] = plan_launch(config, launch.op,
+                                         [t.spec if t else None for t in ins],
+                                         [t.spec for t in outs], launch.attrs)
+    return plan
 
 
 def _program(name, config, lowered, arena, weights, commands) -> Program:

@@ -250,14 +250,18 @@ def _infer(
     return model.graph
 
 
-def _toposorted(graph: onnx.GraphProto, initialized: set[str]) -> list[onnx.NodeProto]:
-    """The nodes in a topological order (stable: keeps the given order where it is valid).
+def _toposorted(graph: onnx.GraphProto,
+                initialized: set[str] | None = None) -> list[onnx.NodeProto]:
+    """The nodes in a topological order (stable: keeps the given order where it is valid);
+    ``initialized``: the initializers' names (default: ``graph.initializer``'s).
 
     Nodes come in waves: wave 0 reads only graph inputs and initializers, wave k + 1 reads
     something wave k produced; within a wave the given order is kept. The waves are found in
     one pass over the edges (Kahn's algorithm level by level), not by rescanning the nodes.
     """
     nodes = list(graph.node)
+    if initialized is None:
+        initialized = {t.name for t in graph.initializer}
     known = {vi.name for vi in graph.input} | initialized | {""}
     waiting: dict[str, list[int]] = {}  # tensor -> nodes that still wait for it
     unresolved = []
