@@ -73,7 +73,8 @@ def optimize(model: onnx.ModelProto, level: int,
         try:
             ort.InferenceSession(light.SerializeToString(), options,
                                  providers=["CPUExecutionProvider"])
-            optimized = onnx.load(str(target))
+            # onnxruntime writes every initializer inline: no external data to look for.
+            optimized = onnx.ModelProto.FromString(target.read_bytes())
         except Exception:  # onnxruntime cannot load it: partition the model as given
             return model
     return _restore(optimized, model, weights, generators, in_place)
@@ -90,9 +91,12 @@ def _hide_generated_weights(light: onnx.ModelProto) -> list[onnx.NodeProto]:
     for node in light.graph.node:
         shape = shapes.get(node.input[0]) if node.op_type == "ConstantOfShape" and \
             node.domain in ("", "ai.onnx") and node.input else None
+        if shape is None:  # not a generator: its attributes are not read (protobuf is slow)
+            kept.append(node)
+            continue
         value = next((a.t for a in node.attribute if a.name == "value"), None)
         elem = value.data_type if value is not None else onnx.TensorProto.FLOAT
-        if shape is None or elem == onnx.TensorProto.STRING:
+        if elem == onnx.TensorProto.STRING:
             kept.append(node)
             continue
         dims = numpy_helper.to_array(shape).tolist()
