@@ -3,7 +3,8 @@
 Both do the same ten steps, in ONNX Runtime's order; only what they keep differs (a session
 keeps the compiled partitions to run, a compiler keeps the written EPContext model):
 
-1. load the model (path or bytes, external data);
+1. load the model (path or bytes, external data; large weights' bytes stay out of the parsed
+   protobuf, :mod:`.wire`) and check its tensors, keeping the weights' values;
 2. set up EPContext generation (:class:`~.context_writer.ContextWriter`), so path errors come
    before any work;
 3. build the providers from the registry and bind each to the session's config;
