@@ -129,9 +129,10 @@ class GraphView:
         graph = model.graph
         available = {i.name for i in graph.input} | {t.name for t in graph.initializer}
         order, node_inputs = _toposort(graph, available)
-        nodes = [copy.deepcopy(graph.node[k]) for k in order]
-        del graph.node[:]
-        graph.node.extend(nodes)  # sorted before inference, which walks nodes in file order
+        if order != list(range(len(order))):  # most files are in order already: no copies
+            nodes = [copy.deepcopy(graph.node[k]) for k in order]
+            del graph.node[:]
+            graph.node.extend(nodes)  # sorted before inference, which walks nodes in file order
         view = cls()
         view._build(_infer_shapes(model), [node_inputs[k] for k in order], weights or {})
         return view
