@@ -77,7 +77,8 @@ def check_tensor(tensor: onnx.TensorProto, what: str,
             raise Fail(f"{what} '{tensor.name}': raw_data size ({len(data)} bytes) "
                        f"does not match expected size from shape and data type ({expected} "
                        "bytes)")
-        if raw is None and (expected < WEIGHT_BYTES or not viewable(tensor.data_type)):
+        if raw is None and (expected < WEIGHT_BYTES or not viewable(tensor.data_type)
+                            or tensor.HasField("segment")):
             return None
         return np.frombuffer(data, dtype=dtype).reshape(tuple(tensor.dims))
     field = helper.tensor_dtype_to_field(tensor.data_type)

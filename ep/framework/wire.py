@@ -24,7 +24,9 @@ from dataclasses import dataclass
 _MODEL_GRAPH = 7
 _GRAPH_INITIALIZER = 5
 _TENSOR_DATA_TYPE = 2
+_TENSOR_SEGMENT = 3
 _TENSOR_RAW_DATA = 9
+_TENSOR_DATA_LOCATION = 14
 _LENGTH_DELIMITED = 2
 
 
@@ -96,6 +98,9 @@ def _light_tensor(data: bytes, start: int, end: int, threshold: int,
             raw.append((tag_start, value_start, value_end))
         elif number == _TENSOR_DATA_TYPE and wire == 0:
             data_type, _ = _read_varint(data, value_start)
+        elif number == _TENSOR_SEGMENT or (number == _TENSOR_DATA_LOCATION and wire == 0
+                                           and _read_varint(data, value_start)[0] != 0):
+            return None  # a segment, or bytes that live elsewhere: protobuf's as they are
     if len(raw) != 1 or not types(data_type):
         return None
     tag_start, value_start, value_end = raw[0]

@@ -69,6 +69,16 @@ def test_split_leaves_to_protobuf_what_it_does_not_take():
     assert split_weights(twice, WEIGHT_BYTES, viewable) is None
 
 
+def test_segments_and_external_tensors_keep_their_raw_data():
+    m = model()
+    m.graph.initializer[0].segment.begin = 0  # W1: a segment
+    m.graph.initializer[1].data_location = TensorProto.EXTERNAL  # W2: bytes live elsewhere
+    assert split_weights(m.SerializeToString(), WEIGHT_BYTES, viewable) is None
+    m.graph.initializer[1].data_location = TensorProto.DEFAULT
+    _, stripped = split_weights(m.SerializeToString(), WEIGHT_BYTES, viewable)
+    assert [s.index for s in stripped] == [1]
+
+
 @pytest.mark.parametrize("from_bytes", [False, True])
 def test_session_from_a_split_model_matches_onnxruntime(tmp_path: Path, from_bytes: bool):
     m = model()
