@@ -28,6 +28,7 @@ checks then report what is really wrong.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -61,15 +62,19 @@ def optimize(model: onnx.ModelProto, level: int,
         return model
     light, weights = without_weights(model, WEIGHT_BYTES)
     generators = _hide_generated_weights(light)
-    with tempfile.TemporaryDirectory(prefix="npusim-opt-") as tmp:
-        target = Path(tmp) / "optimized.onnx"
+    # A file, not a folder: making and removing a temporary folder costs ~4 ms on ext4 here,
+    # a quarter of a small model's session creation; a file in the temp folder ~0.05 ms.
+    fd, name = tempfile.mkstemp(prefix="npusim-opt-", suffix=".onnx")
+    os.close(fd)
+    target = Path(name)
+    try:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         options.optimized_model_filepath = str(target)
         options.log_severity_level = 4
         options.intra_op_num_threads = 1
-        for name, value in (free_dims or {}).items():
-            options.add_free_dimension_override_by_name(name, int(value))
+        for dim, value in (free_dims or {}).items():
+            options.add_free_dimension_override_by_name(dim, int(value))
         try:
             ort.InferenceSession(light.SerializeToString(), options,
                                  providers=["CPUExecutionProvider"])
@@ -77,6 +82,8 @@ def optimize(model: onnx.ModelProto, level: int,
             optimized = onnx.ModelProto.FromString(target.read_bytes())
         except Exception:  # onnxruntime cannot load it: partition the model as given
             return model
+    finally:
+        target.unlink(missing_ok=True)
     return _restore(optimized, model, weights, generators, in_place)
 
 
