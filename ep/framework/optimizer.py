@@ -62,9 +62,12 @@ def optimize(model: onnx.ModelProto, level: int,
         return model
     light, weights = without_weights(model, WEIGHT_BYTES)
     generators = _hide_generated_weights(light)
-    # A file, not a folder: making and removing a temporary folder costs ~4 ms on ext4 here,
-    # a quarter of a small model's session creation; a file in the temp folder ~0.05 ms.
-    fd, name = tempfile.mkstemp(prefix="npusim-opt-", suffix=".onnx")
+    # A file, not a folder, and in memory where the system has a tmpfs: making and removing a
+    # temporary folder on this machine's ext4 (mounted with discard) costs ~4 ms, a quarter of
+    # a small model's session creation; a file there ~1.5 ms, in /dev/shm ~0.2 ms.
+    data = light.SerializeToString()
+    fd, name = tempfile.mkstemp(prefix="npusim-opt-", suffix=".onnx",
+                                dir=_scratch_folder(len(data)))
     os.close(fd)
     target = Path(name)
     try:
@@ -76,8 +79,7 @@ def optimize(model: onnx.ModelProto, level: int,
         for dim, value in (free_dims or {}).items():
             options.add_free_dimension_override_by_name(dim, int(value))
         try:
-            ort.InferenceSession(light.SerializeToString(), options,
-                                 providers=["CPUExecutionProvider"])
+            ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
             # onnxruntime writes every initializer inline: no external data to look for.
             optimized = onnx.ModelProto.FromString(target.read_bytes())
         except Exception:  # onnxruntime cannot load it: partition the model as given
@@ -85,6 +87,18 @@ def optimize(model: onnx.ModelProto, level: int,
     finally:
         target.unlink(missing_ok=True)
     return _restore(optimized, model, weights, generators, in_place)
+
+
+def _scratch_folder(size: int) -> str | None:
+    """``/dev/shm`` if this system has it writable with room for a file of ``size`` bytes
+    several times over, else None (the default temporary folder, which ``TMPDIR`` sets)."""
+    shm = "/dev/shm"
+    try:
+        stat = os.statvfs(shm)
+    except OSError:
+        return None
+    room = stat.f_bavail * stat.f_frsize
+    return shm if os.access(shm, os.W_OK | os.X_OK) and room > 4 * size + (1 << 20) else None
 
 
 def _hide_generated_weights(light: onnx.ModelProto) -> list[onnx.NodeProto]:
