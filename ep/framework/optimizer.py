@@ -40,6 +40,7 @@ from onnx import helper, numpy_helper
 from npu_sim.errors import KernelError
 from npu_sim.kernels import limits
 
+from ..errors import Fail
 from .shapes import WEIGHT_BYTES, without_weights
 
 _STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
@@ -66,10 +67,14 @@ def optimize(model: onnx.ModelProto, level: int,
     # temporary folder on this machine's ext4 (mounted with discard) costs ~4 ms, a quarter of
     # a small model's session creation; a file there ~1.5 ms, in /dev/shm ~0.2 ms.
     data = light.SerializeToString()
-    fd, name = tempfile.mkstemp(prefix="npusim-opt-", suffix=".onnx",
-                                dir=_scratch_folder(len(data)))
-    os.close(fd)
-    target = Path(name)
+    folder = _scratch_folder(len(data))
+    try:
+        with tempfile.NamedTemporaryFile(prefix="npusim-opt-", suffix=".onnx", dir=folder,
+                                         delete=False) as scratch:
+            target = Path(scratch.name)
+    except OSError as exc:
+        raise Fail(f"cannot create a scratch file for onnxruntime's graph optimization in "
+                   f"{folder or tempfile.gettempdir()}: {exc}") from None
     try:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC

@@ -168,3 +168,18 @@ def test_the_optimizer_leaves_no_file_behind(in_memory, tmp_path: Path, monkeypa
     assert {p.name for p in Path(scratch).glob("npusim-opt-*")} == before
     theirs = optimized_by_onnxruntime(model, tmp_path / "ort.onnx")
     assert [n.op_type for n in got.graph.node] == [n.op_type for n in theirs.graph.node]
+
+
+def test_no_room_for_the_scratch_file_is_fail_naming_the_folder(monkeypatch) -> None:
+    import errno
+    import os
+
+    from ep.framework import optimizer
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(optimizer.tempfile, "NamedTemporaryFile", refuse)
+    with pytest.raises(ep.Fail, match="scratch file for onnxruntime's graph optimization in "
+                       ".*No space left on device"):
+        ep.InferenceSession(shape_chain_model().SerializeToString())
