@@ -106,12 +106,14 @@ class GraphView:
     @classmethod
     def from_model(
         cls, model: onnx.ModelProto, *, dim_overrides: Mapping[str, int] | None = None,
-        owned: bool = False,
+        owned: bool = False, weights: Mapping[str, np.ndarray] | None = None,
     ) -> GraphView:
         """Copy ``model``, fix symbolic dims, infer shapes, sort topologically and index.
 
         With ``owned`` the view takes ``model`` itself and edits it (no copy of its weights):
-        for a caller that made the model and keeps no other use of it.
+        for a caller that made the model and keeps no other use of it. ``weights`` are
+        initializer values already read (:func:`~.tensors.check_model_tensors`), which
+        :meth:`constant` and :meth:`weight` return instead of decoding the tensor again.
         Raises :class:`~ep.errors.InvalidGraph` for a cycle, a node input nobody produces, a
         tensor produced twice, or a model shape inference rejects; the message names them.
         """
@@ -128,14 +130,16 @@ class GraphView:
         graph = model.graph
         available = {i.name for i in graph.input} | {t.name for t in graph.initializer}
         order, node_inputs = _toposort(graph, available)
-        nodes = [copy.deepcopy(graph.node[k]) for k in order]
-        del graph.node[:]
-        graph.node.extend(nodes)  # sorted before inference, which walks nodes in file order
+        if order != list(range(len(order))):  # most files are in order already: no copies
+            nodes = [copy.deepcopy(graph.node[k]) for k in order]
+            del graph.node[:]
+            graph.node.extend(nodes)  # sorted before inference, which walks nodes in file order
         view = cls()
-        view._build(_infer_shapes(model), [node_inputs[k] for k in order])
+        view._build(_infer_shapes(model), [node_inputs[k] for k in order], weights or {})
         return view
 
-    def _build(self, model: onnx.ModelProto, node_inputs: list[list[str]]) -> None:
+    def _build(self, model: onnx.ModelProto, node_inputs: list[list[str]],
+               weights: Mapping[str, np.ndarray]) -> None:
         self.model = model
         self.graph = model.graph
         self.assigned = frozenset()
@@ -162,6 +166,11 @@ class GraphView:
         for vi in (*self.graph.input, *self.graph.output, *self.graph.value_info):
             self._value_info.setdefault(vi.name, vi)
         self._constants: dict[str, np.ndarray | None] = {}
+        self._types: dict[str, tuple[str | None, Shape | None]] = {}
+        # Only values that still match their initializer's type and shape (the optimizer may
+        # have replaced a small one under the same name; weights it never sees).
+        self._weights = {name: value for name, value in weights.items()
+                         if name in self.initializers and _matches(self.initializers[name], value)}
 
     def with_assigned(self, assigned: Iterable[int]) -> GraphView:
         """A view sharing everything with this one except ``assigned`` (nodes already taken)."""
@@ -200,6 +209,12 @@ class GraphView:
         Shape entries are ints for static dims, the dim_param string for symbolic ones and
         None for unknown ones; the shape is None when even the rank is unknown.
         """
+        found = self._types.get(tensor)
+        if found is None:  # the view is read-only: decode each tensor's type once
+            found = self._types[tensor] = self._tensor_type(tensor)
+        return found
+
+    def _tensor_type(self, tensor: str) -> tuple[str | None, Shape | None]:
         if tensor in self.initializers:
             init = self.initializers[tensor]
             return _dtype_name(init.data_type), tuple(int(d) for d in init.dims)
@@ -217,12 +232,19 @@ class GraphView:
             a.name: _plain(helper.get_attribute_value(a)) for a in self.nodes[i].attribute
         }
 
+    def weight(self, tensor: str) -> np.ndarray | None:
+        """The value of initializer ``tensor`` if it was read at load (a weight: a read-only
+        view, no copy); None otherwise."""
+        return self._weights.get(tensor)
+
     def constant(self, tensor: str) -> np.ndarray | None:
         """The value of an initializer or of a ``Constant`` node's output; None otherwise."""
         if tensor in self._constants:
             return self._constants[tensor]
         value: np.ndarray | None = None
-        if tensor in self.initializers:
+        if tensor in self._weights:
+            value = self._weights[tensor]
+        elif tensor in self.initializers:
             value = numpy_helper.to_array(self.initializers[tensor])
         else:
             p = self.producer(tensor)
@@ -241,6 +263,15 @@ class GraphView:
             f"GraphView({self.graph.name!r}: {len(self.nodes)} nodes, inputs={self.inputs}, "
             f"outputs={self.outputs})"
         )
+
+
+def _matches(tensor: onnx.TensorProto, value: np.ndarray) -> bool:
+    """Whether ``value`` has ``tensor``'s shape and element type."""
+    try:
+        dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    except (KeyError, ValueError, TypeError):
+        return False
+    return value.dtype == dtype and value.shape == tuple(tensor.dims)
 
 
 def _dtype_name(elem_type: int) -> str | None:

@@ -28,6 +28,7 @@ checks then report what is really wrong.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,6 +40,7 @@ from onnx import helper, numpy_helper
 from npu_sim.errors import KernelError
 from npu_sim.kernels import limits
 
+from ..errors import Fail
 from .shapes import WEIGHT_BYTES, without_weights
 
 _STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
@@ -61,22 +63,47 @@ def optimize(model: onnx.ModelProto, level: int,
         return model
     light, weights = without_weights(model, WEIGHT_BYTES)
     generators = _hide_generated_weights(light)
-    with tempfile.TemporaryDirectory(prefix="npusim-opt-") as tmp:
-        target = Path(tmp) / "optimized.onnx"
+    # A file, not a folder, and in memory where the system has a tmpfs: making and removing a
+    # temporary folder on this machine's ext4 (mounted with discard) costs ~4 ms, a quarter of
+    # a small model's session creation; a file there ~1.5 ms, in /dev/shm ~0.2 ms.
+    data = light.SerializeToString()
+    folder = _scratch_folder(len(data))
+    try:
+        with tempfile.NamedTemporaryFile(prefix="npusim-opt-", suffix=".onnx", dir=folder,
+                                         delete=False) as scratch:
+            target = Path(scratch.name)
+    except OSError as exc:
+        raise Fail(f"cannot create a scratch file for onnxruntime's graph optimization in "
+                   f"{folder or tempfile.gettempdir()}: {exc}") from None
+    try:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         options.optimized_model_filepath = str(target)
         options.log_severity_level = 4
         options.intra_op_num_threads = 1
-        for name, value in (free_dims or {}).items():
-            options.add_free_dimension_override_by_name(name, int(value))
+        for dim, value in (free_dims or {}).items():
+            options.add_free_dimension_override_by_name(dim, int(value))
         try:
-            ort.InferenceSession(light.SerializeToString(), options,
-                                 providers=["CPUExecutionProvider"])
-            optimized = onnx.load(str(target))
+            ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+            # onnxruntime writes every initializer inline: no external data to look for.
+            optimized = onnx.ModelProto.FromString(target.read_bytes())
         except Exception:  # onnxruntime cannot load it: partition the model as given
             return model
+    finally:
+        target.unlink(missing_ok=True)
     return _restore(optimized, model, weights, generators, in_place)
+
+
+def _scratch_folder(size: int) -> str | None:
+    """``/dev/shm`` if this system has it writable with room for a file of ``size`` bytes
+    several times over, else None (the default temporary folder, which ``TMPDIR`` sets)."""
+    shm = "/dev/shm"
+    try:
+        stat = os.statvfs(shm)
+    except OSError:
+        return None
+    room = stat.f_bavail * stat.f_frsize
+    return shm if os.access(shm, os.W_OK | os.X_OK) and room > 4 * size + (1 << 20) else None
 
 
 def _hide_generated_weights(light: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -90,9 +117,12 @@ def _hide_generated_weights(light: onnx.ModelProto) -> list[onnx.NodeProto]:
     for node in light.graph.node:
         shape = shapes.get(node.input[0]) if node.op_type == "ConstantOfShape" and \
             node.domain in ("", "ai.onnx") and node.input else None
+        if shape is None:  # not a generator: its attributes are not read (protobuf is slow)
+            kept.append(node)
+            continue
         value = next((a.t for a in node.attribute if a.name == "value"), None)
         elem = value.data_type if value is not None else onnx.TensorProto.FLOAT
-        if shape is None or elem == onnx.TensorProto.STRING:
+        if elem == onnx.TensorProto.STRING:
             kept.append(node)
             continue
         dims = numpy_helper.to_array(shape).tolist()

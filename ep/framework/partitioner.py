@@ -339,19 +339,24 @@ def _fused_node(graph: GraphView, part: Partition) -> FusedNode:
     value_info = [
         _typed(graph, n) for n in internal if graph.value_info(n) is not None
     ]
-    sub = helper.make_graph(
+    # The session's initializers are referenced, not copied into the body: the NPU compiler
+    # reads their values, and only an EP that asks for ``FusedNode.graph`` pays for a copy.
+    body = helper.make_graph(
         nodes,
         part.name,
         [_typed(graph, n) for n in part.inputs],
         [_typed(graph, n) for n in part.outputs],
-        initializer=[graph.initializers[n] for n in used] + list(copied.values()),
+        initializer=list(copied.values()),
         value_info=value_info,
     )
+    values = {n: v for n in used if (v := graph.weight(n)) is not None}
     return FusedNode(
         name=part.name,
-        graph=sub,
+        body=body,
         inputs=list(part.inputs),
         outputs=list(part.outputs),
         opset_imports=list(graph.model.opset_import),
         source_nodes=part.nodes,
+        initializers={n: graph.initializers[n] for n in used},
+        values=values,
     )

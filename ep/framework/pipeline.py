@@ -3,7 +3,8 @@
 Both do the same ten steps, in ONNX Runtime's order; only what they keep differs (a session
 keeps the compiled partitions to run, a compiler keeps the written EPContext model):
 
-1. load the model (path or bytes, external data);
+1. load the model (path or bytes, external data; large weights' bytes stay out of the parsed
+   protobuf, :mod:`.wire`) and check its tensors, keeping the weights' values;
 2. set up EPContext generation (:class:`~.context_writer.ContextWriter`), so path errors come
    before any work;
 3. build the providers from the registry and bind each to the session's config;
@@ -24,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import external_data_helper
 
@@ -44,7 +46,9 @@ from .options import DISABLE_MODEL_COMPILE, EXTERNAL_INITIALIZERS_FOLDER, config
 from .partitioner import CPU, PartitionPlan, partition
 from .provider import CompiledNode, ExecutionProvider
 from .registry import build_providers
-from .tensors import check_model_tensors
+from .shapes import WEIGHT_BYTES
+from .tensors import check_model_tensors, restore_raw_data, viewable
+from .wire import split_weights
 
 Wrap = Callable[[CompiledNode, str, str], CompiledNode]
 """Wraps each compiled node (the session's profiler times partitions this way)."""
@@ -63,6 +67,9 @@ class Built:
     plan: PartitionPlan
     compiled: dict[str, CompiledNode]
     """Partition name -> what runs it."""
+    weights: dict[str, np.ndarray]
+    """The weights read at load, by initializer name; ``source`` may lack their ``raw_data``
+    (:func:`~.tensors.restore_raw_data` puts it back)."""
 
 
 def construct(
@@ -85,8 +92,8 @@ def construct(
     (``ModelCompiler`` compiles by definition). A model that already has EPContext nodes is
     loaded without generating (ONNX Runtime's sessions skip generation for it), or, given
     ``already_compiled``, that error is raised."""
-    source, model_path = load_model(path_or_bytes, config)
-    check_model_tensors(source)
+    source, model_path, raw = _load(path_or_bytes, config, split=True)
+    weights = check_model_tensors(source, raw)
     writer = make_writer(model_path)
     provider_config = writer.provider_config() if writer is not None else dict(config)
     providers = build_providers(provider_specs, provider_config, model_path)
@@ -96,7 +103,7 @@ def construct(
     # The model was parsed here: the optimizer edits it in place and the view takes it as it
     # is, so its weights are never copied (the session's ``model`` is the graph it ran).
     graph = GraphView.from_model(optimize(source, optimization_level, dims, in_place=True),
-                                 dim_overrides=dims, owned=True)
+                                 dim_overrides=dims, owned=True, weights=weights)
     if writer is not None and any(is_ep_context_node(n) for n in graph.nodes):
         if already_compiled is not None:
             raise already_compiled
@@ -108,12 +115,13 @@ def construct(
     try:
         compiled = compile_plan(plan, providers, writer, wrap)
         if writer is not None:
+            restore_raw_data(graph.model.graph.initializer, weights)
             (write or _write)(writer, graph.model, graph, plan, providers)
     except BaseException:
         if writer is not None:
             writer.cleanup(providers)
         raise
-    return Built(source, model_path, providers, graph, plan, compiled)
+    return Built(source, model_path, providers, graph, plan, compiled, weights)
 
 
 def _write(writer: ContextWriter, model: onnx.ModelProto, graph: GraphView, plan: PartitionPlan,
@@ -198,6 +206,14 @@ def load_model(path_or_bytes: str | os.PathLike[str] | bytes,
     ``session.model_external_initializers_file_folder_path``. Errors are onnxruntime's:
     ``NoSuchFile``, ``InvalidProtobuf``, ``Fail``.
     """
+    model, model_path, _ = _load(path_or_bytes, config, split=False)
+    return model, model_path
+
+
+def _load(path_or_bytes: str | os.PathLike[str] | bytes, config: Mapping[str, str], *,
+          split: bool) -> tuple[onnx.ModelProto, str | None, dict[str, memoryview]]:
+    """:func:`load_model`; with ``split`` the large initializers' ``raw_data`` stays out of the
+    parsed model (:mod:`.wire`) and comes back by name, views of the bytes read."""
     if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
         data, model_path = bytes(path_or_bytes), None
         folder = config.get(EXTERNAL_INITIALIZERS_FOLDER, "") or None
@@ -210,12 +226,15 @@ def load_model(path_or_bytes: str | os.PathLike[str] | bytes,
         folder = str(Path(model_path).resolve().parent)
     else:
         raise TypeError(f"Unable to load from type '{type(path_or_bytes)}'")
-    try:
-        model = onnx.ModelProto.FromString(data)
-    except Exception:  # protobuf raises DecodeError and friends
-        raise InvalidProtobuf("Failed to load model because protobuf parsing failed.") from None
-    if not model.HasField("graph"):
-        raise InvalidProtobuf("Failed to load model because protobuf parsing failed.")
+    scanned = split_weights(data, WEIGHT_BYTES, viewable) if split else None
+    model = _parse(scanned[0] if scanned else data)
+    raw: dict[str, memoryview] = {}
+    if scanned:
+        whole = memoryview(data)
+        tensors = model.graph.initializer
+        raw = {tensors[s.index].name: whole[s.offset:s.offset + s.length] for s in scanned[1]}
+        if len(raw) != len(scanned[1]):  # initializers sharing a name: protobuf's way
+            model, raw = _parse(data), {}
     external = [t.name for t in external_data_helper._get_all_tensors(model)
                 if external_data_helper.uses_external_data(t)]
     if external:
@@ -227,4 +246,14 @@ def load_model(path_or_bytes: str | os.PathLike[str] | bytes,
         except Exception as exc:
             raise Fail(f"cannot load external initializers from folder {folder!r}: "
                        f"{exc}") from None
-    return model, model_path
+    return model, model_path, raw
+
+
+def _parse(data: bytes) -> onnx.ModelProto:
+    try:
+        model = onnx.ModelProto.FromString(data)
+    except Exception:  # protobuf raises DecodeError and friends
+        raise InvalidProtobuf("Failed to load model because protobuf parsing failed.") from None
+    if not model.HasField("graph"):
+        raise InvalidProtobuf("Failed to load model because protobuf parsing failed.")
+    return model

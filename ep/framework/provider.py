@@ -22,10 +22,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
+
+from .tensors import restore_raw_data
 
 if TYPE_CHECKING:
     from .graph import GraphView
@@ -42,18 +45,42 @@ class ComputeCapability:
 class FusedNode:
     """A partition assigned to an EP: a fused node standing for a self-contained subgraph.
 
-    ``graph`` is a standalone ``onnx.GraphProto`` (its inputs and outputs typed with static or
-    symbolic shapes, the initializers it uses included) whose inputs and outputs are exactly
+    :attr:`graph` is a standalone ``onnx.GraphProto`` (its inputs and outputs typed with static
+    or symbolic shapes, the initializers it uses included) whose inputs and outputs are exactly
     ``inputs`` and ``outputs``, in order. ``opset_imports`` are the source model's. ``source``
     nodes are the indices of the original nodes it replaces.
+
+    The partitioner does not copy weights into it: ``body`` is the subgraph with the
+    initializers it holds itself, ``initializers`` the session's own tensors it also uses (by
+    name, not copied) and ``values`` the decoded values of those the session already read (its
+    weights, read-only). :attr:`graph` joins body and initializers on first use; an EP that
+    reads values (the NPU compiler) takes ``values`` and never pays for that copy.
     """
 
     name: str
-    graph: onnx.GraphProto
+    body: onnx.GraphProto
     inputs: list[str]
     outputs: list[str]
     opset_imports: list[onnx.OperatorSetIdProto]
     source_nodes: tuple[int, ...] = ()
+    initializers: Mapping[str, onnx.TensorProto] = field(default_factory=dict)
+    values: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+    @cached_property
+    def graph(self) -> onnx.GraphProto:
+        """The standalone subgraph: ``body`` with ``initializers`` copied in (before its own)."""
+        if not self.initializers:
+            return self.body
+        graph = onnx.GraphProto()
+        graph.CopyFrom(self.body)
+        del graph.initializer[:]
+        graph.initializer.extend(self.all_initializers())
+        restore_raw_data(graph.initializer, self.values)
+        return graph
+
+    def all_initializers(self) -> list[onnx.TensorProto]:
+        """Every initializer of the subgraph (``initializers``, then ``body``'s), not copied."""
+        return [*self.initializers.values(), *self.body.initializer]
 
 
 class CompiledNode(ABC):

@@ -42,6 +42,7 @@ from .options import EP_CONTEXT_ENABLE, SessionOptions, config_flag
 from .pipeline import construct
 from .provider import CompiledNode
 from .registry import ProviderSpec, available_providers, normalize_provider_args
+from .tensors import restore_raw_data
 
 
 def get_available_providers() -> list[str]:
@@ -84,6 +85,7 @@ class InferenceSession:
             make_writer=lambda path: ContextWriter(config, path) if ctx else None,
             wrap=self._profiler.wrap)
         self._model, self._model_path = built.source, built.model_path
+        self._weights: dict[str, np.ndarray] | None = built.weights
         self._providers, self._graph, self._plan = built.providers, built.graph, built.plan
         self._executor = PlanExecutor(self._graph, self._plan, built.compiled)
         if self._profiler.enabled:
@@ -195,6 +197,9 @@ class InferenceSession:
     def model(self) -> onnx.ModelProto:
         """The model as the session partitioned it: loaded (external data included), with
         onnxruntime's basic optimizations applied and shapes inferred."""
+        if self._weights is not None:  # the load kept large weights out of the protobuf
+            restore_raw_data(self._model.graph.initializer, self._weights)
+            self._weights = None
         return self._model
 
 

@@ -6,16 +6,25 @@ and a ``data_type`` ONNX defines. numpy and onnx's helpers raise ``ValueError``,
 or worse on anything else, deep inside whatever first touched the tensor; checking every
 initializer and every ``Constant`` value once at load turns them into onnxruntime's ``Fail``,
 with its wording.
+
+The check reads each tensor's ``raw_data`` once, and hands the weights' values on
+(:func:`check_model_tensors` returns them): protobuf copies the bytes on every read of the
+field, so every later stage (partitioning, the NPU compiler) takes these read-only views
+instead of decoding the tensor again.
 """
 
 from __future__ import annotations
 
 import math
+import sys
+from collections.abc import Iterable, Mapping
 
+import numpy as np
 import onnx
 from onnx import helper
 
 from ..errors import Fail
+from .shapes import WEIGHT_BYTES
 
 _FIELD_ITEMS = {  # typed field -> values per element (complex types store two)
     "float_data": 1, "int32_data": 1, "string_data": 1, "int64_data": 1, "double_data": 1,
@@ -23,8 +32,31 @@ _FIELD_ITEMS = {  # typed field -> values per element (complex types store two)
 }
 
 
-def check_tensor(tensor: onnx.TensorProto, what: str) -> None:
-    """Raise ``Fail`` if ``tensor``'s data does not match its ``data_type`` and ``dims``."""
+_PACKED = frozenset({onnx.TensorProto.INT4, onnx.TensorProto.UINT4})
+"""Types two elements share a byte of ``raw_data``."""
+_UNPACKED = _PACKED | {getattr(onnx.TensorProto, name) for name in (
+    "FLOAT4E2M1", "INT2", "UINT2", "FLOAT6E2M3", "FLOAT6E3M2") if hasattr(onnx.TensorProto, name)}
+"""Types ``numpy_helper.to_array`` unpacks from ``raw_data`` (not a plain view of the bytes)."""
+_VIEW_TYPES = frozenset(set(onnx.TensorProto.DataType.values()) - {
+    onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING})
+
+
+def viewable(data_type: int) -> bool:
+    """Whether a tensor of ``data_type`` held in ``raw_data`` is a plain numpy view of those
+    bytes on this host (what the load may take out of the protobuf, :mod:`.wire`)."""
+    return (sys.byteorder == "little" and data_type not in _UNPACKED
+            and data_type in _VIEW_TYPES)
+
+
+def check_tensor(tensor: onnx.TensorProto, what: str,
+                 raw: memoryview | None = None) -> np.ndarray | None:
+    """Raise ``Fail`` if ``tensor``'s data does not match its ``data_type`` and ``dims``.
+
+    Returns the tensor's value when it is a weight (:data:`~.shapes.WEIGHT_BYTES` or more)
+    held in ``raw_data`` of a type numpy reads as is: a read-only view of the bytes the check
+    read (what ``numpy_helper.to_array`` would return, without reading them again); None for
+    anything else. ``raw``: the tensor's ``raw_data``, taken out of it at load
+    (:mod:`.wire`); then it is the value's storage."""
     valid = set(onnx.TensorProto.DataType.values()) - {onnx.TensorProto.UNDEFINED}
     if tensor.data_type not in valid:
         raise Fail(f"{what} '{tensor.name}': data_type {tensor.data_type} is not a valid "
@@ -32,19 +64,23 @@ def check_tensor(tensor: onnx.TensorProto, what: str) -> None:
     if any(d < 0 for d in tensor.dims):
         raise Fail(f"{what} '{tensor.name}': dims {list(tensor.dims)} has a negative dimension")
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
-        return
+        return None
     count = math.prod(int(d) for d in tensor.dims)
-    if tensor.HasField("raw_data"):
+    if raw is not None or tensor.HasField("raw_data"):
         if tensor.data_type == onnx.TensorProto.STRING:
             raise Fail(f"{what} '{tensor.name}': a string tensor cannot hold raw_data")
-        itemsize = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-        bits = {onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4}.get(tensor.data_type)
-        expected = (count * bits + 7) // 8 if bits else count * itemsize
-        if len(tensor.raw_data) != expected:
-            raise Fail(f"{what} '{tensor.name}': raw_data size ({len(tensor.raw_data)} bytes) "
+        dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
+        packed = tensor.data_type in _PACKED
+        expected = (count * 4 + 7) // 8 if packed else count * dtype.itemsize
+        data = tensor.raw_data if raw is None else raw
+        if len(data) != expected:
+            raise Fail(f"{what} '{tensor.name}': raw_data size ({len(data)} bytes) "
                        f"does not match expected size from shape and data type ({expected} "
                        "bytes)")
-        return
+        if raw is None and (expected < WEIGHT_BYTES or not viewable(tensor.data_type)
+                            or tensor.HasField("segment")):
+            return None
+        return np.frombuffer(data, dtype=dtype).reshape(tuple(tensor.dims))
     field = helper.tensor_dtype_to_field(tensor.data_type)
     values = len(getattr(tensor, field))
     per = 2 if tensor.data_type in (onnx.TensorProto.COMPLEX64,
@@ -54,14 +90,34 @@ def check_tensor(tensor: onnx.TensorProto, what: str) -> None:
     if values != expected:
         raise Fail(f"{what} '{tensor.name}': data field count ({values}) does not match "
                    f"expected count from shape ({expected})")
+    return None
 
 
-def check_model_tensors(model: onnx.ModelProto) -> None:
-    """Check every initializer and every ``Constant`` node's value of the main graph."""
+def check_model_tensors(model: onnx.ModelProto,
+                        raw: Mapping[str, memoryview] | None = None) -> dict[str, np.ndarray]:
+    """Check every initializer and every ``Constant`` node's value of the main graph; returns
+    the weights' values by initializer name (see :func:`check_tensor`). ``raw``: the
+    ``raw_data`` the load took out of initializers, by name."""
+    raw = raw or {}
+    weights: dict[str, np.ndarray] = {}
     for tensor in model.graph.initializer:
-        check_tensor(tensor, "Initializer")
+        value = check_tensor(tensor, "Initializer", raw.get(tensor.name))
+        if value is not None:
+            weights[tensor.name] = value
     for node in model.graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.TENSOR:
                     check_tensor(attr.t, f"Constant node '{node.name}' value")
+    return weights
+
+
+def restore_raw_data(tensors: Iterable[onnx.TensorProto],
+                     weights: Mapping[str, np.ndarray]) -> None:
+    """Give back ``raw_data`` to the tensors the load took it from (those of ``weights`` that
+    have none), for whoever needs the complete protobuf."""
+    for tensor in tensors:
+        value = weights.get(tensor.name)
+        if value is not None and not tensor.HasField("raw_data") and \
+                tensor.data_location != onnx.TensorProto.EXTERNAL:
+            tensor.raw_data = value.tobytes()

@@ -64,7 +64,7 @@ def context_capability(graph: GraphView) -> list[ComputeCapability]:
 
 def is_context_fused(fused: FusedNode) -> bool:
     """True if ``fused`` stands for one EPContext node (a precompiled partition)."""
-    return len(fused.graph.node) == 1 and E.is_ep_context_node(fused.graph.node[0])
+    return len(fused.body.node) == 1 and E.is_ep_context_node(fused.body.node[0])
 
 
 def make_context_nodes(
@@ -224,7 +224,7 @@ def load_programs(fused_nodes: Sequence[FusedNode], context: ProviderContext,
     the same name. A binary holding a single graph serves a node of another name (ONNX Runtime's
     QNN EP accepts that for older models). The graph's digest must be the one the node
     recorded, so a binary replaced under an older model is refused, never run."""
-    infos = [E.parse_ep_context_node(f.graph.node[0]) for f in fused_nodes]
+    infos = [E.parse_ep_context_node(f.body.node[0]) for f in fused_nodes]
     for info in infos:
         _check_node(info, config)
     opened: dict[Path, ContextBinary] = {}
@@ -292,7 +292,7 @@ def check_binding(fused: FusedNode, program: Program) -> None:
     rename outside the node (``onnx.compose`` prefixes), never by a permutation of the graph's
     own names, which would silently swap values. Mismatches are ``InvalidGraph``."""
     node = fused.name
-    types = {vi.name: vi for vi in (*fused.graph.input, *fused.graph.output)}
+    types = {vi.name: vi for vi in (*fused.body.input, *fused.body.output)}
     for role, names, descs in (("input", fused.inputs, program.input_descs()),
                                ("output", fused.outputs, program.output_descs())):
         recorded = [d.name for d in descs]

@@ -150,3 +150,36 @@ def test_a_transposed_weight_costs_what_the_weight_costs() -> None:
     stored = op_cost(config, "MatMul", [a, TensorSpec((512, 64), "float32")], [out],
                      {"transB": 1}, 4)
     assert stored.total_cycles == plain.total_cycles
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_the_optimizer_leaves_no_file_behind(in_memory, tmp_path: Path, monkeypatch) -> None:
+    """onnxruntime writes the optimized graph to a scratch file (/dev/shm when it has room,
+    else the temporary folder); the graph is the same either way and the file is removed."""
+    from ep.framework import optimizer
+
+    monkeypatch.setattr(optimizer.tempfile, "tempdir", str(tmp_path))
+    if not in_memory:
+        monkeypatch.setattr(optimizer, "_scratch_folder", lambda size: None)
+    scratch = optimizer._scratch_folder(0) or str(tmp_path)
+    before = {p.name for p in Path(scratch).glob("npusim-opt-*")}
+    model = shape_chain_model()
+    got = optimize(model, int(ort.GraphOptimizationLevel.ORT_ENABLE_BASIC))
+    assert {p.name for p in Path(scratch).glob("npusim-opt-*")} == before
+    theirs = optimized_by_onnxruntime(model, tmp_path / "ort.onnx")
+    assert [n.op_type for n in got.graph.node] == [n.op_type for n in theirs.graph.node]
+
+
+def test_no_room_for_the_scratch_file_is_fail_naming_the_folder(monkeypatch) -> None:
+    import errno
+    import os
+
+    from ep.framework import optimizer
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(optimizer.tempfile, "NamedTemporaryFile", refuse)
+    with pytest.raises(ep.Fail, match="scratch file for onnxruntime's graph optimization in "
+                       ".*No space left on device"):
+        ep.InferenceSession(shape_chain_model().SerializeToString())

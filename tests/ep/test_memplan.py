@@ -86,6 +86,20 @@ def test_weights_are_aligned_and_stored_once_per_content():
     assert plan.blobs["b"] == bytes(range(5))
 
 
+def test_weights_that_differ_only_inside_are_stored_apart():
+    # Same length and the same first and last bytes: only a full comparison tells them apart.
+    a = np.zeros(4096, np.float32)
+    b = a.copy()
+    b[2000] = 1.0
+    w = {"a": a, "b": b, "a2": a.copy(), "b2": b.copy(), "empty": np.zeros(0, np.float32),
+         "empty2": np.zeros((0, 3), np.float32)}
+    plan = plan_weights(w, 512)
+    assert plan.offsets["a"] == plan.offsets["a2"] == 0
+    assert plan.offsets["b"] == plan.offsets["b2"] == a.nbytes
+    assert plan.offsets["empty"] == plan.offsets["empty2"] == 2 * a.nbytes
+    assert plan.distinct == 3 and plan.total_bytes == 2 * a.nbytes + 512
+
+
 @pytest.mark.parametrize("alignment", [1, 512])
 def test_empty_arena(alignment):
     plan = plan_arena([], alignment)

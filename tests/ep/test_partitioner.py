@@ -27,6 +27,7 @@ from ep.framework.provider import (
     FusedNode,
     ProviderContext,
 )
+from ep.framework.tensors import check_model_tensors
 
 
 class NumpyCompiled(CompiledNode):
@@ -223,6 +224,37 @@ def test_fused_node_is_a_typed_standalone_graph_with_only_its_initializers():
     model = helper.make_model(fused.graph, opset_imports=fused.opset_imports, ir_version=8)
     onnx.checker.check_model(model, full_check=True)
     assert [t.name for t in plan.fused_node(cpu_part).graph.initializer] == ["w1"]
+
+
+def test_fused_node_references_the_sessions_weights_without_copying_them():
+    big = np.arange(1024, dtype=np.float32).reshape(32, 32)
+    w = numpy_helper.from_array(big, "w")
+    small = numpy_helper.from_array(np.ones(32, np.float32), "s")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="A"),
+             helper.make_node("Add", ["a", "s"], ["b"], name="B")]
+    model = _model(nodes, [_vi("x", [2, 32])], [_vi("b", None)], inits=[w, small])
+    weights = check_model_tensors(model)
+    assert list(weights) == ["w"] and np.array_equal(weights["w"], big)
+    graph = GraphView.from_model(model, owned=True, weights=weights)
+    assert graph.weight("w") is weights["w"] and graph.constant("w") is weights["w"]
+    assert graph.weight("s") is None and np.array_equal(graph.constant("s"), np.ones(32))
+    plan = partition(graph, [SubsetEP("TestNpuExecutionProvider", {"A", "B"})])
+    fused = plan.fused_node(plan.partitions[0])
+    assert not fused.body.initializer  # nothing copied until an EP asks for the graph
+    assert fused.initializers["w"] is graph.initializers["w"]
+    assert fused.values["w"] is weights["w"] and "s" not in fused.values
+    assert [t.name for t in fused.graph.initializer] == ["w", "s"]
+    assert np.array_equal(numpy_helper.to_array(fused.graph.initializer[0]), big)
+
+
+def test_a_weight_value_of_another_type_or_shape_is_not_taken():
+    w = numpy_helper.from_array(np.ones((16, 16), np.float32), "w")
+    nodes = [helper.make_node("Add", ["x", "w"], ["y"], name="A")]
+    model = _model(nodes, [_vi("x", [16, 16])], [_vi("y", None)], inits=[w])
+    stale = {"w": np.zeros((16, 8), np.float32)}  # as if the tensor had been replaced since
+    graph = GraphView.from_model(model, weights=stale)
+    assert graph.weight("w") is None
+    assert np.array_equal(graph.constant("w"), np.ones((16, 16), np.float32))
 
 
 def test_executor_frees_intermediates_after_their_last_consumer():

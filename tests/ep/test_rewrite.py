@@ -22,7 +22,7 @@ from npusim_graphs import (
 from onnx import TensorProto, helper
 
 from ep.npusim.compiler import rewrite
-from ep.npusim.compiler.ir import SubGraph, evaluate
+from ep.npusim.compiler.ir import SubGraph, contiguous, evaluate
 
 F = TensorProto.FLOAT
 
@@ -197,3 +197,14 @@ def test_unfused_dequantize_of_a_weight_is_folded():
     rewrite.optimize(g)
     assert ops(g) == ["Add"]
     check_equivalent(m, g)
+
+
+@pytest.mark.parametrize("shape", [(2000, 300), (7, 5), (1, 1 << 19)])
+def test_contiguous_copies_a_transposed_matrix_exactly(shape):
+    w = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    got = contiguous(w.T)
+    assert got.flags.c_contiguous and got.dtype == w.dtype
+    assert np.array_equal(got, np.ascontiguousarray(w.T))
+    assert contiguous(np.float32(3.0)).shape == ()
+    strided = w[::2, ::3]
+    assert np.array_equal(contiguous(strided), np.ascontiguousarray(strided))

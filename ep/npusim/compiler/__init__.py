@@ -81,7 +81,8 @@ def compile_partition(
 ) -> CompiledPartition:
     """Compile ``fused`` for ``config``; raises ``ep.errors`` types for what cannot compile."""
     start = time.perf_counter()
-    graph = SubGraph.from_fused(fused.graph, fused.opset_imports, dim_overrides)
+    graph = SubGraph.from_fused(fused.body, fused.opset_imports, dim_overrides,
+                                initializers=fused.all_initializers(), values=fused.values)
     seconds = {"import": time.perf_counter() - start}
     return compile_subgraph(graph, config, name=name or fused.name, seconds=seconds)
 
@@ -107,7 +108,8 @@ def compile_subgraph(
     lap("rewrite")
     lowered = lower(graph)
     lap("lower")
-    plans = [_plan(config, lowered, i) for i in range(len(lowered.launches))]
+    priced: dict[tuple, TilePlan] = {}
+    plans = [_plan(config, lowered, i, priced) for i in range(len(lowered.launches))]
     lap("tiling")
     buffers = liveness(lowered)
     arena = plan_arena(buffers, config.hbm_alignment)
@@ -135,11 +137,21 @@ def compile_subgraph(
     return CompiledPartition(program, report)
 
 
-def _plan(config: DeviceConfig, lowered: Lowered, i: int) -> TilePlan:
+def _plan(config: DeviceConfig, lowered: Lowered, i: int,
+          priced: dict[tuple, TilePlan]) -> TilePlan:
+    """Launch ``i``'s tile plan; launches of the same op, types and attributes (``priced``, by
+    their repr: -0.0 is not 0.0) share one, since pricing reads nothing else."""
     launch = lowered.launches[i]
-    ins = [lowered.tensors[t].spec if t >= 0 else None for t in launch.inputs]
-    outs = [lowered.tensors[t].spec for t in launch.outputs]
-    return plan_launch(config, launch.op, ins, outs, launch.attrs)
+    ins = [lowered.tensors[t] if t >= 0 else None for t in launch.inputs]
+    outs = [lowered.tensors[t] for t in launch.outputs]
+    key = (launch.op, tuple((t.dtype, t.shape) if t else None for t in ins),
+           tuple((t.dtype, t.shape) for t in outs), repr(launch.attrs))
+    plan = priced.get(key)
+    if plan is None:
+        plan = priced[key] = plan_launch(config, launch.op,
+                                         [t.spec if t else None for t in ins],
+                                         [t.spec for t in outs], launch.attrs)
+    return plan
 
 
 def _program(name, config, lowered, arena, weights, commands) -> Program:

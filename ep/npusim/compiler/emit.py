@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from firmware_model.commands import MAX_DEPS, Command, Kernel, Nop
 
 from .lower import Lowered
@@ -42,9 +44,29 @@ def launch_dependencies(
         for t in launch.inputs:
             if t >= 0 and not lowered.tensors[t].is_const:
                 readers[lowered.tensors[t].buffer].add(step)
-    spans = {b.key: (offsets[b.key], offsets[b.key] + align_up(max(b.size, 1), alignment))
-             for b in buffers}
     by_key = {b.key: b for b in buffers}
+    # Per buffer, as arrays: the launches that must finish before a later buffer may take its
+    # memory are found for all buffers at once, not by a loop over every buffer per write.
+    keys = np.array([b.key for b in buffers], dtype=np.int64)
+    lasts = np.array([b.last for b in buffers], dtype=np.int64)
+    los = np.array([offsets[b.key] for b in buffers], dtype=np.int64)
+    his = los + np.array([align_up(max(b.size, 1), alignment) for b in buffers], dtype=np.int64)
+    position = {b.key: k for k, b in enumerate(buffers)}
+    previous: dict[int, set[int]] = {}  # buffer -> launches of earlier occupants of its memory
+
+    def occupants(key: int) -> set[int]:
+        if key not in previous:
+            written, k = by_key[key], position[key]
+            found: set[int] = set()
+            overlap = (lasts < written.first) & (keys != key) & (los < his[k]) & (los[k] < his)
+            for e in np.flatnonzero(overlap):
+                earlier = int(keys[e])
+                found.update(readers[earlier])
+                if earlier in producer:
+                    found.add(producer[earlier])
+            previous[key] = found
+        return previous[key]
+
     deps: list[tuple[int, ...]] = []
     ancestors: list[int] = []  # bit j set: launch j precedes this one
     anti = 0
@@ -57,16 +79,7 @@ def launch_dependencies(
                     need.add(p)
         data = len(need)
         for t in launch.outputs:
-            written = by_key[lowered.tensors[t].buffer]
-            lo, hi = spans[written.key]
-            for earlier in buffers:
-                if earlier.last >= written.first or earlier.key == written.key:
-                    continue
-                e_lo, e_hi = spans[earlier.key]
-                if e_lo < hi and lo < e_hi:
-                    need.update(readers[earlier.key])
-                    if earlier.key in producer:
-                        need.add(producer[earlier.key])
+            need.update(occupants(lowered.tensors[t].buffer))
         need.discard(step)
         anti += len(need) - data
         implied = 0

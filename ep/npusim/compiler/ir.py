@@ -69,10 +69,20 @@ class SubGraph:
         graph: onnx.GraphProto,
         opset_imports: Sequence[onnx.OperatorSetIdProto],
         dim_overrides: Mapping[str, int] | None = None,
+        *,
+        initializers: Sequence[onnx.TensorProto] | None = None,
+        values: Mapping[str, np.ndarray] | None = None,
     ) -> SubGraph:
-        """Import a partition's standalone graph, resolving every shape to static values."""
-        inferred = _infer(graph, opset_imports, dim_overrides or {})
-        consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        """Import a partition's standalone graph, resolving every shape to static values.
+
+        ``initializers`` are the graph's (default: ``graph.initializer``; a
+        :class:`~ep.framework.provider.FusedNode` keeps the session's outside its body);
+        ``values`` are those of them already decoded, used as they are (read-only views)."""
+        tensors = list(graph.initializer) if initializers is None else list(initializers)
+        inferred = _infer(graph, tensors, opset_imports, dim_overrides or {})
+        decoded = values or {}
+        consts = {t.name: decoded[t.name] if t.name in decoded else numpy_helper.to_array(t)
+                  for t in tensors}
         opset = next((o.version for o in opset_imports if o.domain in ("", "ai.onnx")), 1)
         types: dict[str, TensorType] = {}
         for name, arr in consts.items():
@@ -136,7 +146,7 @@ class SubGraph:
         while unique in self.types:
             k += 1
             unique = f"{name}_{k}"
-        value = np.require(value, requirements="C")  # keeps a 0-d value 0-d
+        value = contiguous(value)
         self.consts[unique] = value
         self.types[unique] = (dtypes.from_numpy(value.dtype), tuple(value.shape))
         return unique
@@ -161,6 +171,22 @@ class SubGraph:
         for name in [c for c in self.consts if c not in used]:
             del self.consts[name]
         return removed
+
+
+_BLOCK_COLUMNS = 256
+
+
+def contiguous(value: np.ndarray) -> np.ndarray:
+    """``value`` as a C-contiguous array (0-d stays 0-d). A large transposed matrix (a folded
+    ``Transpose`` of a weight: GPT-2's 50257 x 768 output projection) is copied in blocks of
+    columns, which reads the source in cache-sized runs: 2-3x faster than numpy's copy."""
+    if (value.ndim == 2 and not value.flags.c_contiguous and value.T.flags.c_contiguous
+            and value.nbytes >= 1 << 20):
+        out = np.empty(value.shape, value.dtype)
+        for start in range(0, value.shape[1], _BLOCK_COLUMNS):
+            out[:, start:start + _BLOCK_COLUMNS] = value[:, start:start + _BLOCK_COLUMNS]
+        return out
+    return np.require(value, requirements="C")
 
 
 def _without_dead_tail(outputs: Sequence[str], read: set[str]) -> list[str]:
@@ -190,6 +216,7 @@ def attr_value(attr: onnx.AttributeProto) -> Any:
 
 def _infer(
     graph: onnx.GraphProto,
+    initializers: Sequence[onnx.TensorProto],
     opset_imports: Sequence[onnx.OperatorSetIdProto],
     overrides: Mapping[str, int],
 ) -> onnx.GraphProto:
@@ -198,10 +225,10 @@ def _infer(
     become typed inputs of the copy (read their values from ``graph``); small initializers stay,
     so shape arithmetic on them still propagates."""
     light = onnx.GraphProto()
-    light.node.extend(_toposorted(graph))
+    light.node.extend(_toposorted(graph, {t.name for t in initializers}))
     light.input.extend(graph.input)
     light.output.extend(graph.output)
-    for tensor in graph.initializer:
+    for tensor in initializers:
         if nbytes(tensor) < WEIGHT_BYTES:
             light.initializer.append(tensor)
         else:
@@ -223,15 +250,19 @@ def _infer(
     return model.graph
 
 
-def _toposorted(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """The nodes in a topological order (stable: keeps the given order where it is valid).
+def _toposorted(graph: onnx.GraphProto,
+                initialized: set[str] | None = None) -> list[onnx.NodeProto]:
+    """The nodes in a topological order (stable: keeps the given order where it is valid);
+    ``initialized``: the initializers' names (default: ``graph.initializer``'s).
 
     Nodes come in waves: wave 0 reads only graph inputs and initializers, wave k + 1 reads
     something wave k produced; within a wave the given order is kept. The waves are found in
     one pass over the edges (Kahn's algorithm level by level), not by rescanning the nodes.
     """
     nodes = list(graph.node)
-    known = {vi.name for vi in graph.input} | {t.name for t in graph.initializer} | {""}
+    if initialized is None:
+        initialized = {t.name for t in graph.initializer}
+    known = {vi.name for vi in graph.input} | initialized | {""}
     waiting: dict[str, list[int]] = {}  # tensor -> nodes that still wait for it
     unresolved = []
     for k, n in enumerate(nodes):

@@ -22,8 +22,6 @@ stored once per distinct content (:func:`plan_weights`).
 
 from __future__ import annotations
 
-import hashlib
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -118,25 +116,36 @@ class WeightsPlan:
     distinct: int
 
 
+SAMPLE_BYTES = 64
+"""Bytes read at each end of a weight to tell most different contents apart without reading
+the rest."""
+
+
 def plan_weights(weights: Mapping[str, np.ndarray], alignment: int) -> WeightsPlan:
     """Lay the weights out one after another, aligned, each distinct content stored once.
 
-    Contents are compared by SHA-256, and only between weights of the same byte length: a
-    weight whose length no other weight has is distinct without reading it.
+    Contents are compared byte for byte, and only between weights of the same byte length
+    whose first and last :data:`SAMPLE_BYTES` agree: weights of different contents almost
+    always differ there (random or trained values), so most weights are never read in full.
+    Hashing every weight of a shared length instead cost 0.2 s on a BERT-base (80 matrices of
+    768 x 768).
     """
     blobs = {name: _byte_view(value) for name, value in weights.items()}
-    lengths = Counter(len(data) for data in blobs.values())
     offsets: dict[str, int] = {}
-    by_content: dict[tuple[int, str], int] = {}
+    stored: dict[tuple[int, bytes, bytes], list[tuple[np.ndarray, int]]] = {}
     cursor = 0
     for name, data in blobs.items():
-        digest = hashlib.sha256(data).hexdigest() if lengths[len(data)] > 1 else name
-        key = (len(data), digest)
-        if key not in by_content:
-            by_content[key] = cursor
-            cursor = align_up(cursor + max(len(data), 1), alignment)
-        offsets[name] = by_content[key]
-    return WeightsPlan(offsets, blobs, cursor, len(by_content))
+        size = len(data)
+        key = (size, bytes(data[:SAMPLE_BYTES]), bytes(data[-SAMPLE_BYTES:]))
+        same = stored.setdefault(key, [])
+        content = np.frombuffer(data, np.uint8)
+        offset = next((at for other, at in same if np.array_equal(other, content)), None)
+        if offset is None:
+            offset = cursor
+            same.append((content, offset))
+            cursor = align_up(cursor + max(size, 1), alignment)
+        offsets[name] = offset
+    return WeightsPlan(offsets, blobs, cursor, sum(len(v) for v in stored.values()))
 
 
 def _byte_view(value: np.ndarray) -> memoryview:

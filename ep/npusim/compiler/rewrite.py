@@ -33,7 +33,7 @@ from npu_sim.kernels.activations import clip_range
 from npu_sim.kernels.limits import check_elements
 
 from ..ops import Fusion, ops_where
-from .ir import Node, SubGraph, run_node
+from .ir import Node, SubGraph, contiguous, run_node
 
 FUSABLE_ACTIVATIONS = ops_where(fusion=Fusion.ACTIVATION)
 ACTIVATION_HOSTS = ops_where(fusion=Fusion.HOST)
@@ -78,7 +78,7 @@ def fold_constants(graph: SubGraph, keep: frozenset[str] = frozenset()) -> int:
             continue
         for name, value in zip(node.outputs, values, strict=False):
             if name:
-                value = np.require(value, requirements="C")  # keeps 0-d values 0-d
+                value = contiguous(value)
                 graph.consts[name] = value
                 graph.types[name] = (dtypes.from_numpy(value.dtype), tuple(value.shape))
         folded += 1
