@@ -6,10 +6,10 @@ receptive fields of the output pixels, and each group is one GEMM of the weights
 matrix (BLAS through numpy, float32 accumulation). A 1x1 convolution
 without padding needs no unfolding: it is a plain GEMM over a (possibly strided) view of the
 input. A depthwise convolution (one input channel per group) has too little reuse for a GEMM and
-runs as a direct numba loop. ConvTranspose is the adjoint: one GEMM per group produces the
-columns, which *col2im* (numba) scatters back into the output. The numba loops are serial: they
-run between BLAS calls whose threads keep spinning after each GEMM, and a parallel loop there
-fights them for the cores (measured slower end to end on ResNet-50).
+runs as a direct numba loop (:mod:`.depthwise`). ConvTranspose is the adjoint: one GEMM per
+group produces the columns, which *col2im* (numba) scatters back into the output. The numba
+loops are serial: they run between BLAS calls whose threads keep spinning after each GEMM, and
+a parallel loop there fights them for the cores (measured slower end to end on ResNet-50).
 
 Two faster paths were measured on ResNet-50 and left out (both are in the history): Winograd
 F(2x2, 3x3) for 3x3 stride-1 layers gained ~7% at best, inside run-to-run noise, and drifts
@@ -36,12 +36,10 @@ from numba import njit
 
 from ..errors import KernelError
 from . import blas
+from .depthwise import depthwise
 from .gemm import finish, same_dtype, to_compute
 from .limits import check_elements
 from .registry import kernel
-
-#: Depthwise convolutions of at least this many MACs run on the kernels' thread pool.
-DEPTHWISE_SPLIT_MACS = 1 << 18
 
 #: Highest spatial rank the window kernels take.
 MAX_SPATIAL = 3
@@ -230,55 +228,7 @@ def im2col(x: np.ndarray, win: Window, cols: np.ndarray) -> None:
     np.copyto(cols.reshape(view.shape), view)
 
 
-# nogil: conv_nd runs it on ranges of channels on the kernels' thread pool (npu_sim.kernels.blas),
-# whose threads wait without spinning; a numba parallel loop here fought OpenBLAS's spinning ones.
-@njit(cache=True, nogil=True)
-def _depthwise(x, w, mult, st, di, pb, out):  # pragma: no cover - compiled
-    """Direct conv with one input channel per group: out (N, M, OD, OH, OW), zero-filled.
-
-    Each output element adds its in-bounds taps in (i, j, l) order, as a loop per element
-    would, but the innermost loop runs along an output row over the range of columns whose
-    tap lies inside the input (computed once per tap), so it has no branch and vectorizes.
-    """
-    N, M, OD, OH, OW = out.shape
-    D, H, W = x.shape[2], x.shape[3], x.shape[4]
-    KD, KH, KW = w.shape[2], w.shape[3], w.shape[4]
-    lo = np.empty(KW, np.int64)
-    hi = np.empty(KW, np.int64)
-    for lw in range(KW):  # columns e with 0 <= e * st - pb + lw * di < W
-        first = pb[2] - lw * di[2]
-        lo[lw] = min(OW, max(0, -(-first // st[2])))
-        last = W - 1 + pb[2] - lw * di[2]
-        hi[lw] = 0 if last < 0 else min(OW, last // st[2] + 1)
-    s2 = st[2]
-    for t in range(N * M):
-        n = t // M
-        m = t % M
-        c = m // mult
-        for a in range(OD):
-            for i in range(KD):
-                z = a * st[0] - pb[0] + i * di[0]
-                if z < 0 or z >= D:
-                    continue
-                for j in range(KH):
-                    for b in range(OH):
-                        y = b * st[1] - pb[1] + j * di[1]
-                        if y < 0 or y >= H:
-                            continue
-                        row = out[n, m, a, b]
-                        src = x[n, c, z, y]
-                        for lw in range(KW):
-                            wv = w[m, 0, i, j, lw]
-                            off = lw * di[2] - pb[2]
-                            if s2 == 1:  # contiguous: a loop of its own, vectorized
-                                for e in range(lo[lw], hi[lw]):
-                                    row[e] += src[e + off] * wv
-                            else:
-                                for e in range(lo[lw], hi[lw]):
-                                    row[e] += src[e * s2 + off] * wv
-
-
-@njit(cache=True)  # serial for the same reason as _depthwise
+@njit(cache=True)  # serial: a numba parallel loop fights OpenBLAS's spinning threads
 def _col2im(cols, k, st, di, pb, in_dims, out):  # pragma: no cover - compiled
     """Scatter-add cols[(m, i, j, l), (a, b, e)] into out[m, a*s-p+i*d, ...] (out zero-filled)."""
     M, OD, OH, OW = out.shape
@@ -365,13 +315,7 @@ def conv_nd(
                 blas.matmul(w2, view[i].reshape(c, pixels), out=y[i])
         return y.reshape((n, m) + win.out)
     if group > 1 and w.shape[1] == 1:
-        y5 = np.zeros((n, m) + out3, x.dtype)
-        w5, mult = np.ascontiguousarray(as5d(w)), m // c
-        if y5.size * math.prod(win.kernel) < DEPTHWISE_SPLIT_MACS:
-            _depthwise(x5, w5, mult, st3, di3, pb3, y5)
-        else:  # channel ranges (whole groups) on the pool's threads
-            blas.spread(c, lambda lo, hi: _depthwise(x5[:, lo:hi], w5[lo * mult:hi * mult], mult,
-                                                     st3, di3, pb3, y5[:, lo * mult:hi * mult]))
+        y5 = depthwise(x5, np.ascontiguousarray(as5d(w)), st3, di3, pb3, out3)
         return y5.reshape((n, m) + win.out)
     rows = c * int(np.prod(k3))
     # pads, strides and dilations size the temporaries too, not only the output
