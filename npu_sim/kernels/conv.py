@@ -368,7 +368,7 @@ def conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[
     y = conv_nd(to_compute("Conv", "X", x), to_compute("Conv", "W", w), group, win)
     if bias is not None:
         add_bias(y, bias)
-    return [finish(y, attrs, dtype)]
+    return [finish(y, attrs, dtype, "Conv", inputs)]
 
 
 def transpose_window(
@@ -474,4 +474,4 @@ def conv_transpose(
     y = y.reshape((n, m) + win.out)
     if bias is not None:
         add_bias(y, bias)
-    return [finish(y, attrs, dtype)]
+    return [finish(y, attrs, dtype, op, inputs)]

@@ -1,0 +1,67 @@
+"""Kernels' side of fused epilogues (format: :mod:`npu_sim.epilogue`).
+
+An array kernel (Conv, ConvTranspose, Gemm, MatMul) computes its float32 result in a buffer of
+its own, applies its fused activation, then :func:`apply_epilogue` runs the steps in place on
+that buffer before the one rounding to the output dtype. Each step does what its standalone
+kernel does, in float32 and in the same order, so the fused launch gives the unfused values:
+an activation through :func:`~.activations.apply_activation`, a gate as the activation into a
+temporary and one multiply, a binary step as one numpy ufunc with broadcasting. The hard-sigmoid
+gate (hard-swish as torch exports it) is one numba loop that rounds the gate to float32 before
+the multiply, as the two kernels do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from ..epilogue import decode
+from ..errors import KernelError
+from .activations import apply_activation
+
+_UFUNCS = {"Add": np.add, "Mul": np.multiply}
+
+
+@njit(cache=True, error_model="numpy")
+def _hard_sigmoid_gate(y, alpha, beta):  # pragma: no cover - numba
+    for i in range(y.size):
+        v = alpha * y[i] + beta
+        # NaN propagates as in the HardSigmoid kernel; the gate rounds to float32 as it does.
+        g = np.float32(v if v != v else min(1.0, max(0.0, v)))
+        y[i] = y[i] * g
+
+
+def _broadcasts(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether ``shape`` broadcasts unidirectionally to ``target``."""
+    return len(shape) <= len(target) and all(
+        s in (1, t) for s, t in zip(reversed(shape), reversed(target), strict=False))
+
+
+def apply_epilogue(op: str, y: np.ndarray, attrs: Mapping[str, Any],
+                   inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    """``y`` (the kernel's own float32 buffer) after the epilogue in ``attrs``; in place where
+    the step allows. Operands must be float arrays broadcasting to ``y``'s shape."""
+    for step in decode(op, attrs):
+        if step.operand >= 0:
+            other = inputs[step.operand] if step.operand < len(inputs) else None
+            if other is None:
+                raise KernelError(op, "", f"epilogue step {step.op} reads input {step.operand}, "
+                                          f"which is missing ({len(inputs)} inputs)")
+            if not _broadcasts(other.shape, y.shape) or other.dtype.kind != "f":
+                raise KernelError(op, "", f"epilogue operand {step.operand} of shape "
+                                          f"{other.shape}, dtype {other.dtype} must be float and "
+                                          f"broadcast to the output {y.shape}")
+            with np.errstate(all="ignore"):
+                _UFUNCS[step.op](y, other.astype(y.dtype, copy=False), out=y)
+        elif step.gate and step.op == "HardSigmoid" and y.flags.c_contiguous:
+            alpha, beta = (step.params + (0.2, 0.5)[len(step.params):])[:2]
+            _hard_sigmoid_gate(y.reshape(-1), alpha, beta)
+        elif step.gate:
+            with np.errstate(all="ignore"):
+                np.multiply(y, apply_activation(y, step.op, step.params), out=y)
+        else:
+            y = apply_activation(y, step.op, step.params, inplace=True)
+    return y
