@@ -1,0 +1,124 @@
+"""Epilogue fusion: the elementwise ops after an array op run inside its launch.
+
+After :func:`~.rewrite.fuse_activations` has folded the first activation into each Conv,
+ConvTranspose, Gemm or MatMul (the *host*), :func:`fuse_epilogues` keeps absorbing what reads
+the host's output, while the pattern holds (format and kernel semantics:
+:mod:`npu_sim.epilogue`):
+
+- a fusable activation with constant parameters (``Relu`` after a residual ``Add``; ``Clip``
+  as Relu6): step ``act``;
+- a gate: the output read by exactly an activation ``g = act(t)`` (Sigmoid, HardSigmoid) and a
+  ``Mul(t, g)`` (either order) that is ``g``'s only reader: SiLU and torch's hard-swish, step
+  ``Gate:act``;
+- ``Add`` or ``Mul`` with another tensor that broadcasts to the output's shape (a residual, a
+  per-channel scale): a binary step; the other tensor becomes an input of the launch, after
+  the host's own inputs (omitted optional ones padded with ``""``).
+
+Every step applies only where the intermediate tensor it removes is float32, has no other
+reader and is not a graph output: a tensor read elsewhere must still be written, and half
+precision would round once instead of after every op. The host moves to the position of the
+last node it absorbs, so an operand produced after the host is ready before it runs (the
+host's own inputs were ready before its old position). Fused float32 launches compute the
+same float32 operations in the same order as the ops they replace, so their values are the
+unfused ones; the cost model prices the steps on the vector unit beside the array, with the
+operands read once and no round trip of the intermediates (``docs/cost_model.md``).
+
+Not fused: the squeeze-excite scale ``Mul(x, s)`` where ``s`` is computed from ``x`` itself
+(``x`` has a second reader, the pooling), which no producer epilogue can take.
+"""
+
+from __future__ import annotations
+
+from npu_sim.epilogue import BINARY, GATES, Step, decode, encode
+
+from ..ops import Fusion, ops_where
+from .ir import Node, SubGraph
+from .rewrite import activation_params
+
+HOSTS = ops_where(fusion=Fusion.HOST)
+ACTIVATIONS = ops_where(fusion=Fusion.ACTIVATION)
+OWN_INPUTS = {"Conv": 3, "ConvTranspose": 3, "Gemm": 3, "MatMul": 2}
+"""How many inputs each host takes itself; epilogue operands follow them."""
+_ONNX = ("", "ai.onnx")
+
+
+def fuse_epilogues(graph: SubGraph) -> int:
+    """Fold the elementwise ops after each host into its launch; returns how many it folded."""
+    fused = 0
+    for host in list(graph.nodes):
+        if host.op in OWN_INPUTS and host.op in HOSTS and host.domain in _ONNX:
+            while _absorb(graph, host):
+                fused += 1
+    return fused
+
+
+def _absorb(graph: SubGraph, host: Node) -> bool:
+    """Absorb one step into ``host``; False when nothing after it fits."""
+    out = host.outputs[0]
+    if len(host.outputs) != 1 or out in graph.outputs or graph.types[out][0] != "float32":
+        return False
+    readers = graph.consumers(out)
+    if len(readers) == 2:
+        return _gate(graph, host, readers)
+    if len(readers) != 1 or readers[0].domain not in _ONNX or readers[0].inputs.count(out) != 1:
+        return False
+    node = readers[0]
+    if node.op in ACTIVATIONS and node.inputs[0] == out:
+        params = activation_params(graph, node)
+        if params is None:
+            return False
+        return _fold(graph, host, [node], Step(node.op, params=params))
+    if node.op in BINARY and len(node.inputs) == 2:
+        other = node.inputs[1] if node.inputs[0] == out else node.inputs[0]
+        dtype, shape = graph.types[other]
+        if dtype != "float32" or not _broadcasts_to(shape, graph.types[out][1]):
+            return False
+        index = OWN_INPUTS[host.op]
+        host.inputs = [*host.inputs, *[""] * (index - len(host.inputs))]
+        index += len(_operands(host))
+        host.inputs.append(other)
+        return _fold(graph, host, [node], Step(node.op, operand=index))
+    return False
+
+
+def _gate(graph: SubGraph, host: Node, readers: list[Node]) -> bool:
+    out = host.outputs[0]
+    acts = [n for n in readers if n.op in GATES and n.domain in _ONNX and n.inputs[0] == out]
+    if len(acts) != 1:
+        return False
+    (act,) = acts
+    (mul,) = [n for n in readers if n is not act]
+    gate = act.outputs[0]
+    if (mul.op != "Mul" or mul.domain not in _ONNX or sorted(mul.inputs) != sorted([out, gate])
+            or graph.only_consumer(gate) is not mul):
+        return False
+    params = activation_params(graph, act)
+    if params is None:
+        return False
+    return _fold(graph, host, [act, mul], Step(act.op, gate=True, params=params))
+
+
+def _operands(host: Node) -> tuple[int, ...]:
+    return tuple(s.operand for s in decode(host.op, host.attrs) if s.operand >= 0)
+
+
+def _fold(graph: SubGraph, host: Node, nodes: list[Node], step: Step) -> bool:
+    """Append ``step`` to ``host``'s epilogue, take over the last node's output and place."""
+    steps = [*decode(host.op, host.attrs), step]
+    for key in ("epilogue", "epilogue_args", "epilogue_params"):
+        host.attrs.pop(key, None)
+    host.attrs.update(encode(steps))
+    last = nodes[-1]
+    host.outputs = [last.outputs[0]]
+    graph.nodes.remove(host)
+    graph.nodes[graph.nodes.index(last)] = host
+    for node in nodes[:-1]:
+        graph.nodes.remove(node)
+    return True
+
+
+def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether ``shape`` broadcasts unidirectionally to ``target`` (ONNX rules)."""
+    if len(shape) > len(target):
+        return False
+    return all(s in (1, t) for s, t in zip(reversed(shape), reversed(target), strict=False))
