@@ -25,6 +25,7 @@ Conv, ConvTranspose and the pools.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Mapping, Sequence
@@ -57,15 +58,23 @@ class Window:
     pads_end: tuple[int, ...]
     out: tuple[int, ...]
 
-    def as3(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Kernel, strides, dilations and leading pads padded to 3-D, as int64 arrays."""
+    @functools.cached_property
+    def _as3(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         lead = MAX_SPATIAL - len(self.kernel)
-        return (
+        arrays = (
             np.array((1,) * lead + self.kernel, np.int64),
             np.array((1,) * lead + self.strides, np.int64),
             np.array((1,) * lead + self.dilations, np.int64),
             np.array((0,) * lead + self.pads_begin, np.int64),
         )
+        for a in arrays:
+            a.flags.writeable = False
+        return arrays
+
+    def as3(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Kernel, strides, dilations and leading pads padded to 3-D, as read-only int64
+        arrays (made once per window)."""
+        return self._as3
 
 
 def int_tuple(
@@ -289,6 +298,28 @@ def check_conv(
     return group
 
 
+def geometry(x_shape: tuple[int, ...], w_shape: tuple[int, ...],
+             attrs: Mapping[str, Any]) -> tuple[int, Window]:
+    """Conv's group and window for these shapes and attributes (:func:`check_conv`,
+    :func:`window`), computed once per distinct (shapes, attributes): a program runs the same
+    launch every time, and the checks cost more than a small convolution's arithmetic."""
+    try:
+        key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()))
+        hash(key)
+    except TypeError:  # an unhashable attribute value: no cache
+        return _geometry(x_shape, w_shape, tuple(attrs.items()))
+    return _cached_geometry(x_shape, w_shape, key)
+
+
+def _geometry(x_shape, w_shape, items) -> tuple[int, Window]:
+    attrs = dict(items)
+    group = check_conv("Conv", x_shape, w_shape, attrs)
+    return group, window("Conv", x_shape[2:], w_shape[2:], attrs)
+
+
+_cached_geometry = functools.lru_cache(maxsize=4096)(_geometry)
+
+
 def conv_nd(
     x: np.ndarray, w: np.ndarray, group: int, win: Window, op: str = "Conv"
 ) -> np.ndarray:
@@ -362,8 +393,7 @@ def conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[
     """ONNX Conv (1-3 spatial dims, groups, depthwise, dilations, pads/auto_pad, bias)."""
     x, w, b = _inputs("Conv", inputs)
     dtype = same_dtype("Conv", {"X": x, "W": w, "B": b})
-    group = check_conv("Conv", x.shape, w.shape, attrs)
-    win = window("Conv", x.shape[2:], w.shape[2:], attrs)
+    group, win = geometry(x.shape, w.shape, attrs)
     bias = _bias("Conv", b, w.shape[0])
     y = conv_nd(to_compute("Conv", "X", x), to_compute("Conv", "W", w), group, win)
     if bias is not None:

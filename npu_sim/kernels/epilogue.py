@@ -5,9 +5,10 @@ its own, applies its fused activation, then :func:`apply_epilogue` runs the step
 that buffer before the one rounding to the output dtype. Each step does what its standalone
 kernel does, in float32 and in the same order, so the fused launch gives the unfused values:
 an activation through :func:`~.activations.apply_activation`, a gate as the activation into a
-temporary and one multiply, a binary step as one numpy ufunc with broadcasting. The hard-sigmoid
-gate (hard-swish as torch exports it) is one numba loop that rounds the gate to float32 before
-the multiply, as the two kernels do.
+temporary and one multiply, a binary step as one numpy ufunc with broadcasting. The gates of
+float32 outputs run fused loops that round the gate to float32 before the multiply, as the two
+kernels do: hard-sigmoid (hard-swish as torch exports it) in one numba loop, sigmoid (SiLU) in
+three passes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from numba import njit
 from ..epilogue import decode
 from ..errors import KernelError
 from .activations import apply_activation
+from .conv import scratch
 
 _UFUNCS = {"Add": np.add, "Mul": np.multiply}
 
@@ -34,6 +36,32 @@ def _hard_sigmoid_gate(y, alpha, beta):  # pragma: no cover - numba
         y[i] = y[i] * g
 
 
+@njit(cache=True, error_model="numpy")
+def _minus_abs(y, e):  # pragma: no cover - numba
+    for i in range(y.size):
+        e[i] = -abs(y[i])
+
+
+@njit(cache=True, error_model="numpy")
+def _sigmoid_gate(y, e):  # pragma: no cover - numba
+    # e = exp(-|y|): the Sigmoid kernel's arithmetic, its float32 rounding, then the multiply.
+    for i in range(y.size):
+        inv = 1 / (1 + e[i])
+        g = np.float32(inv if y[i] >= 0 else e[i] * inv)
+        y[i] = y[i] * g
+
+
+def _silu(y: np.ndarray) -> None:
+    """``y *= sigmoid(y)`` in three passes (numpy's SIMD exp in the middle; numba does not
+    vectorise exp) into a reused scratch buffer, instead of the two kernels' six and a new
+    array: EfficientNet's 96x112x112 SiLU measured 3x faster."""
+    flat = y.reshape(-1)
+    e = scratch(flat.shape, flat.dtype)
+    _minus_abs(flat, e)
+    np.exp(e, out=e)
+    _sigmoid_gate(flat, e)
+
+
 def _broadcasts(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
     """Whether ``shape`` broadcasts unidirectionally to ``target``."""
     return len(shape) <= len(target) and all(
@@ -45,6 +73,7 @@ def apply_epilogue(op: str, y: np.ndarray, attrs: Mapping[str, Any],
     """``y`` (the kernel's own float32 buffer) after the epilogue in ``attrs``; in place where
     the step allows. Operands must be float arrays broadcasting to ``y``'s shape."""
     for step in decode(op, attrs):
+        fast = y.dtype == np.float32 and y.flags.c_contiguous and y.flags.writeable
         if step.operand >= 0:
             other = inputs[step.operand] if step.operand < len(inputs) else None
             if other is None:
@@ -56,9 +85,12 @@ def apply_epilogue(op: str, y: np.ndarray, attrs: Mapping[str, Any],
                                           f"broadcast to the output {y.shape}")
             with np.errstate(all="ignore"):
                 _UFUNCS[step.op](y, other.astype(y.dtype, copy=False), out=y)
-        elif step.gate and step.op == "HardSigmoid" and y.flags.c_contiguous:
+        elif step.gate and step.op == "HardSigmoid" and fast:
             alpha, beta = (step.params + (0.2, 0.5)[len(step.params):])[:2]
             _hard_sigmoid_gate(y.reshape(-1), alpha, beta)
+        elif step.gate and step.op == "Sigmoid" and fast:
+            with np.errstate(all="ignore"):
+                _silu(y)
         elif step.gate:
             with np.errstate(all="ignore"):
                 np.multiply(y, apply_activation(y, step.op, step.params), out=y)
