@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from kernels import check_against_ort, random_array, seeds
@@ -23,6 +23,9 @@ def depthwise_case(draw: st.DrawFn) -> tuple[list, dict]:
              "strides": draw(st.lists(st.integers(1, 2), min_size=rank, max_size=rank)),
              "dilations": draw(st.lists(st.integers(1, 2), min_size=rank, max_size=rank)),
              "pads": draw(st.lists(st.integers(0, 2), min_size=2 * rank, max_size=2 * rank))}
+    for i in range(rank):  # the dilated window fits in the padded input
+        assume((kernel[i] - 1) * attrs["dilations"][i] + 1
+               <= spatial[i] + attrs["pads"][i] + attrs["pads"][i + rank])
     shapes = [(draw(st.integers(1, 2)), c, *spatial), (c * mult, 1, *kernel)]
     if draw(st.booleans()):
         shapes.append((c * mult,))
