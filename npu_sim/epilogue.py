@@ -21,6 +21,14 @@ them (only attribute types the context binary stores: strings, ints, floats):
   ``epilogue_params``, or the launch input index of a binary step's operand;
 - ``epilogue_params``: floats, the activations' params concatenated (omitted when empty).
 
+A Conv may also take a *prologue*: ``input_scale`` (int), the input index of a per-channel
+scale ``s`` (shape ``(1, C, 1, ...)`` or any shape broadcasting so) that multiplies the input
+``X`` before the convolution -- the squeeze-excite scale fused into the Conv that reads the
+scaled map. Since ``conv(X * s) = conv_{W * s}(X)`` per input channel (zero padding stays
+zero), the kernel scales the weights, not the map: the same value up to float32 rounding of
+the three-way products (well inside the float32 tolerance), with C x M x K multiplies instead
+of C x H x W.
+
 This module is the format only, shared by the kernels (values), the cost model (cycles) and the
 compiler (which writes it); it never touches tensor data.
 """
@@ -112,6 +120,18 @@ def decode(op: str, attrs: Mapping[str, Any]) -> tuple[Step, ...]:
     return tuple(steps)
 
 
+def input_scale(op: str, attrs: Mapping[str, Any]) -> int:
+    """The input index of the prologue's per-channel scale, or -1 for none."""
+    value = attrs.get("input_scale")
+    if value is None:
+        return -1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise KernelError(op, "", f"input_scale={value!r}; expected an input index >= 0")
+    return value
+
+
 def operands(op: str, attrs: Mapping[str, Any]) -> tuple[int, ...]:
-    """Input indices of the binary steps' operands (what the epilogue reads besides ``y``)."""
-    return tuple(s.operand for s in decode(op, attrs) if s.operand >= 0)
+    """Input indices of the epilogue's and prologue's operands (read besides the product's)."""
+    scale = input_scale(op, attrs)
+    steps = tuple(s.operand for s in decode(op, attrs) if s.operand >= 0)
+    return steps + ((scale,) if scale >= 0 else ())

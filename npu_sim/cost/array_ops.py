@@ -299,9 +299,15 @@ def _conv(config, op, inputs, outputs, attrs, cores, x_i=0, w_i=1, extra=(2,)) -
         fixed_out=out.nbytes,
         fixed_bytes=out.nbytes + _read(inputs, extra, op, attrs), a_item=itemsize(x.dtype),
         b_item=itemsize(w.dtype), out_item=itemsize(out.dtype),
-        post_work=out.size * _post_factor(op, attrs), names=("inputs", "weights"),
+        post_work=out.size * _post_factor(op, attrs) + _prologue(op, x, attrs),
+        names=("inputs", "weights"),
     )
     return price(config, work, cores)
+
+
+def _prologue(op: str, x: TensorSpec, attrs: Mapping[str, Any]) -> float:
+    """Lane-cycles of a fused input scale: one multiply per input element as it streams in."""
+    return x.size * ELEMENTWISE["Mul"] if epilogue.input_scale(op, attrs) >= 0 else 0.0
 
 
 def _conv_transpose(config, op, inputs, outputs, attrs, cores) -> Cost:

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from ..epilogue import input_scale
 from ..errors import KernelError
 from . import blas
 from .depthwise import depthwise
@@ -388,6 +389,22 @@ def _inputs(op: str, inputs: Sequence[np.ndarray | None]) -> tuple[np.ndarray, n
     return inputs[0], inputs[1], (inputs[2] if len(inputs) > 2 else None)
 
 
+def _scaled_weights(w: np.ndarray, group: int, inputs: Sequence[np.ndarray | None],
+                    attrs: Mapping[str, Any]) -> np.ndarray:
+    """``w`` times the fused per-input-channel scale (:mod:`npu_sim.epilogue`'s prologue)."""
+    index = input_scale("Conv", attrs)
+    s = inputs[index] if index < len(inputs) else None
+    c = w.shape[1] * group
+    if s is None or group != 1 or s.dtype.kind != "f" or s.size != c or \
+            any(d != 1 for i, d in enumerate(s.shape) if i != s.ndim - len(w.shape) + 1):
+        raise KernelError("Conv", "", f"input_scale operand {index} must be a float "
+                                      f"per-channel scale of {c} channels, shape (1, {c}, 1, ...)"
+                                      f" (group 1); got "
+                                      f"{None if s is None else (s.shape, str(s.dtype))}, "
+                                      f"group={group}")
+    return w * s.reshape(1, c, *(1,) * (w.ndim - 2)).astype(np.float32, copy=False)
+
+
 @kernel("Conv")
 def conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[np.ndarray]:
     """ONNX Conv (1-3 spatial dims, groups, depthwise, dilations, pads/auto_pad, bias)."""
@@ -395,7 +412,10 @@ def conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[
     dtype = same_dtype("Conv", {"X": x, "W": w, "B": b})
     group, win = geometry(x.shape, w.shape, attrs)
     bias = _bias("Conv", b, w.shape[0])
-    y = conv_nd(to_compute("Conv", "X", x), to_compute("Conv", "W", w), group, win)
+    w32 = to_compute("Conv", "W", w)
+    if "input_scale" in attrs:
+        w32 = _scaled_weights(w32, group, inputs, attrs)
+    y = conv_nd(to_compute("Conv", "X", x), w32, group, win)
     if bias is not None:
         add_bias(y, bias)
     return [finish(y, attrs, dtype, "Conv", inputs)]

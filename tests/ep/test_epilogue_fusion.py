@@ -45,9 +45,21 @@ def conv_then(tail: list, out_shape=(1, 8, 6, 6), extra_inputs=(), inits=None, c
 
 
 def launches(m) -> list[tuple[str, tuple]]:
-    """(op, epilogue steps) of each launch of ``m`` compiled whole."""
+    """(op, epilogue steps) of each launch of ``m`` compiled whole; a fused input scale shows as
+    a leading ``"input_scale"`` step."""
     program = compile_partition(as_fused(m), NPU_M).program
-    return [(launch.op, tuple(launch.attrs.get("epilogue", ()))) for launch in program.launches]
+    return [(launch.op, ("input_scale",) * ("input_scale" in launch.attrs)
+             + tuple(launch.attrs.get("epilogue", ()))) for launch in program.launches]
+
+
+def squeeze_excite(reader: list, out_shape=(1, 8, 6, 6), outputs=None, extra_inputs=()):
+    """t -> GlobalAveragePool -> Sigmoid -> s; u = Mul(t, s) -> ``reader`` nodes."""
+    return conv_then([helper.make_node("GlobalAveragePool", ["t"], ["p"]),
+                      helper.make_node("Sigmoid", ["p"], ["s"]),
+                      helper.make_node("Mul", ["t", "s"], ["u"]), *reader],
+                     out_shape=out_shape, outputs=outputs, extra_inputs=extra_inputs,
+                     inits={"w2": _w(9, 5, 8, 1, 1), "w3": _w(10, 5, 8, 3, 3),
+                            "wd": _w(11, 8, 1, 3, 3)})
 
 
 def feeds_for(m, seed: int = 0) -> dict[str, np.ndarray]:
@@ -103,6 +115,14 @@ FUSED = {
                    helper.make_node("Add", ["t", "n"], ["y"])],
                   extra_inputs=[("x2", F, (1, 8, 6, 6))]),
         [("Neg", ()), ("Conv", ("Add",))]),
+    "squeeze-excite scale into the 1x1 Conv reading it": (
+        squeeze_excite([helper.make_node("Conv", ["u", "w2"], ["y"])], out_shape=(1, 5, 6, 6)),
+        [("Conv", ()), ("GlobalAveragePool", ()), ("Sigmoid", ()), ("Conv", ("input_scale",))]),
+    "squeeze-excite scale into a padded 3x3 Conv, then a residual Add": (
+        squeeze_excite([helper.make_node("Conv", ["u", "w3"], ["c"], pads=[1, 1, 1, 1]),
+                        helper.make_node("Add", ["c", "r"], ["y"])], out_shape=(1, 5, 6, 6),
+                       extra_inputs=[("r", F, (1, 5, 6, 6))]),
+        None),
     "MatMul 3-D + bias + scale": (
         model([helper.make_node("MatMul", ["a", "w"], ["t"]),
                helper.make_node("Add", ["t", "b"], ["u"]),
@@ -116,7 +136,8 @@ FUSED = {
 @pytest.mark.parametrize("name", FUSED)
 def test_pattern_fuses_and_matches_onnxruntime(name):
     m, want = FUSED[name]
-    assert launches(m) == want
+    assert launches(m) == (want or [("Conv", ()), ("GlobalAveragePool", ()), ("Sigmoid", ()),
+                                     ("Conv", ("input_scale", "Add"))])
     assert_matches_onnxruntime(m)
 
 
@@ -151,6 +172,14 @@ NOT_FUSED = {
                    helper.make_node("Sigmoid", ["p"], ["s"]),
                    helper.make_node("Mul", ["t", "s"], ["y"])]),
         [("Conv", ()), ("GlobalAveragePool", ()), ("Sigmoid", ()), ("Mul", ())]),
+    "scale read by a depthwise Conv (group > 1)": (
+        squeeze_excite([helper.make_node("Conv", ["u", "wd"], ["y"], group=8,
+                                         pads=[1, 1, 1, 1])]),
+        [("Conv", ()), ("GlobalAveragePool", ()), ("Sigmoid", ()), ("Mul", ()), ("Conv", ())]),
+    "scaled map read by the Conv and a graph output": (
+        squeeze_excite([helper.make_node("Conv", ["u", "w2"], ["y"])],
+                       outputs=[("y", F, (1, 5, 6, 6)), ("u", F, (1, 8, 6, 6))]),
+        [("Conv", ()), ("GlobalAveragePool", ()), ("Sigmoid", ()), ("Mul", ()), ("Conv", ())]),
     "Sub (not an epilogue op)": (
         conv_then([helper.make_node("Sub", ["t", "r"], ["y"])],
                   extra_inputs=[("r", F, (1, 8, 6, 6))]),
@@ -185,7 +214,7 @@ def test_models_without_the_patterns_compile_to_the_same_program(build, monkeypa
     assert fused.tensors == plain.tensors
 
 
-TAILS = ["hard_swish", "silu", "add", "mul_channel", "add_relu", "hard_swish_add"]
+TAILS = ["hard_swish", "silu", "add", "mul_channel", "add_relu", "hard_swish_add", "se_conv"]
 
 
 def _tail(kind: str, shape: tuple[int, ...]) -> tuple[list, list, dict]:
@@ -199,6 +228,11 @@ def _tail(kind: str, shape: tuple[int, ...]) -> tuple[list, list, dict]:
         return [helper.make_node("Add", ["t", "r"], ["y"])], [("r", F, shape)], {}
     if kind == "mul_channel":
         return [helper.make_node("Mul", ["s", "t"], ["y"])], [], {"s": _w(8, 1, c, 1, 1)}
+    if kind == "se_conv":  # the scale goes into the Conv reading the scaled map
+        return [helper.make_node("GlobalAveragePool", ["t"], ["p"]),
+                helper.make_node("HardSigmoid", ["p"], ["s"]),
+                helper.make_node("Mul", ["s", "t"], ["u"]),
+                helper.make_node("Conv", ["u", "w2"], ["y"])], [], {"w2": _w(12, c, c, 1, 1)}
     if kind == "add_relu":
         return [helper.make_node("Add", ["t", "r"], ["a"]),
                 helper.make_node("Relu", ["a"], ["y"])], [("r", F, shape)], {}
@@ -224,11 +258,12 @@ def test_fused_equals_unfused_on_generated_shapes(c, m, hw, kernel, depthwise, k
     mdl = model(nodes, [("x", F, (1, c, hw, hw)), *extra], [("y", F, shape)], weights)
     feeds = feeds_for(mdl, seed)
     fused = _program(mdl)
-    assert any("epilogue" in launch.attrs for launch in fused.launches)
+    fusions = ("epilogue", "input_scale")
+    assert any(k in launch.attrs for launch in fused.launches for k in fusions)
     with pytest.MonkeyPatch.context() as mp:
         _without_pass(mp)
         plain = _program(mdl)
-    assert not any("epilogue" in launch.attrs for launch in plain.launches)
+    assert not any(k in launch.attrs for launch in plain.launches for k in fusions)
     ins = [feeds[i.name] for i in mdl.graph.input]
     got, want = replay(fused, ins)[0], replay(plain, ins)[0]
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
@@ -252,6 +287,17 @@ def test_fused_launch_costs_less_than_its_parts():
     assert fused.hbm_bytes < sum(p.hbm_bytes for p in parts)
     assert bare.total_cycles <= fused.total_cycles < sum(p.total_cycles for p in parts)
     assert fused.energy["vector"] > bare.energy["vector"]
+
+
+def test_input_scale_costs_its_multiplies_and_its_bytes():
+    x, w = TensorSpec((1, 96, 14, 14), "float32"), TensorSpec((40, 96, 1, 1), "float32")
+    s, y = TensorSpec((1, 96, 1, 1), "float32"), TensorSpec((1, 40, 14, 14), "float32")
+    bare = op_cost(NPU_M, "Conv", [x, w], [y], {})
+    fused = op_cost(NPU_M, "Conv", [x, w, None, s], [y], {"input_scale": 3})
+    mul = op_cost(NPU_M, "Mul", [x, s], [x], {})
+    assert fused.hbm_bytes == bare.hbm_bytes + s.nbytes
+    assert fused.energy["vector"] > bare.energy["vector"]
+    assert bare.total_cycles <= fused.total_cycles < bare.total_cycles + mul.total_cycles
 
 
 def test_fused_commands_are_fewer():

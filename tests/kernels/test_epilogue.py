@@ -91,3 +91,26 @@ def test_bad_operand_is_a_typed_error():
         apply_epilogue("Gemm", y, encode([Step("Add", operand=3)]), [None, None, None])
     with pytest.raises(KernelError, match="broadcast to the output"):
         apply_epilogue("Gemm", y, encode([Step("Add", operand=0)]), [np.ones((4, 3), np.float32)])
+
+
+@pytest.mark.parametrize("kernel, pads", [(1, 0), (3, 1)])
+def test_input_scale_matches_onnxruntime_on_the_scaled_input(kernel, pads):
+    x = random_array(5, (1, 12, 7, 7), np.float32, -2, 2)
+    w = random_array(6, (5, 12, kernel, kernel), np.float32, -1, 1)
+    s = random_array(7, (1, 12, 1, 1), np.float32, 0, 1)
+    conv = {"pads": [pads] * 4}
+    want = run_ort("Conv", [run_ort("Mul", [x, s])[0], w], conv)[0]
+    got = run_kernel("Conv", [x, w, None, s], {**conv, "input_scale": 3})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("scale, attrs, match", [
+    (np.ones((1, 5, 1, 1), np.float32), {}, "per-channel scale of 12 channels"),
+    (np.ones((2, 12, 1, 1), np.float32), {}, "per-channel scale of 12 channels"),
+    (np.ones((1, 12, 1, 1), np.float32), {"input_scale": 7}, "per-channel scale"),
+    (np.ones((1, 12, 1, 1), np.float32), {"input_scale": -1}, "input index >= 0"),
+])
+def test_bad_input_scale_is_a_typed_error(scale, attrs, match):
+    x, w = np.ones((1, 12, 3, 3), np.float32), np.ones((4, 12, 1, 1), np.float32)
+    with pytest.raises(KernelError, match=match):
+        run_kernel("Conv", [x, w, None, scale], {"input_scale": 3, **attrs})

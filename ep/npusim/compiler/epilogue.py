@@ -23,13 +23,16 @@ same float32 operations in the same order as the ops they replace, so their valu
 unfused ones; the cost model prices the steps on the vector unit beside the array, with the
 operands read once and no round trip of the intermediates (``docs/cost_model.md``).
 
-Not fused: the squeeze-excite scale ``Mul(x, s)`` where ``s`` is computed from ``x`` itself
-(``x`` has a second reader, the pooling), which no producer epilogue can take.
+The squeeze-excite scale ``Mul(x, s)``, where ``s`` is computed from ``x`` itself (so no
+producer epilogue can take it), goes the other way: into the group-1 Conv that is the product's
+only reader, as its ``input_scale`` prologue (a per-channel ``s`` of shape ``(1, C, 1, ...)``;
+the kernel scales the weights). That one is not bit-exact: ``(w s) x`` and ``w (x s)`` round
+differently, by a few float32 ulps per product.
 """
 
 from __future__ import annotations
 
-from npu_sim.epilogue import BINARY, GATES, Step, decode, encode
+from npu_sim.epilogue import BINARY, GATES, Step, decode, encode, operands
 
 from ..ops import Fusion, ops_where
 from .ir import Node, SubGraph
@@ -47,9 +50,41 @@ def fuse_epilogues(graph: SubGraph) -> int:
     fused = 0
     for host in list(graph.nodes):
         if host.op in OWN_INPUTS and host.op in HOSTS and host.domain in _ONNX:
+            fused += _input_scale(graph, host)
             while _absorb(graph, host):
                 fused += 1
     return fused
+
+
+def _input_scale(graph: SubGraph, host: Node) -> int:
+    """Fold ``Mul(t, s)`` with a per-channel ``s`` into the group-1 Conv reading it (1 if so)."""
+    x = host.inputs[0]
+    mul = graph.producer(x)
+    if (host.op != "Conv" or int(host.attrs.get("group", 1)) != 1 or "input_scale" in host.attrs
+            or mul is None or mul.op != "Mul" or mul.domain not in _ONNX
+            or len(mul.inputs) != 2 or graph.only_consumer(x) is not host
+            or graph.types[x][0] != "float32"):
+        return 0
+    shape = graph.types[x][1]
+    for t, s in (mul.inputs, mul.inputs[::-1]):
+        (t_type, t_shape), (s_type, s_shape) = graph.types[t], graph.types[s]
+        if t_type == s_type == "float32" and t_shape == shape and _per_channel(s_shape, shape):
+            index = OWN_INPUTS[host.op]
+            host.inputs = [t, *host.inputs[1:], *[""] * (index - len(host.inputs))]
+            index += len(_operands(host))
+            host.inputs.append(s)
+            host.attrs["input_scale"] = index
+            graph.nodes.remove(mul)
+            return 1
+    return 0
+
+
+def _per_channel(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether ``shape`` is one value per channel of an (N=1, C, ...) ``target``."""
+    if len(target) < 3 or target[0] != 1 or len(shape) > len(target):
+        return False
+    padded = (1,) * (len(target) - len(shape)) + tuple(shape)
+    return padded[1] == target[1] and all(d == 1 for i, d in enumerate(padded) if i != 1)
 
 
 def _absorb(graph: SubGraph, host: Node) -> bool:
@@ -99,7 +134,7 @@ def _gate(graph: SubGraph, host: Node, readers: list[Node]) -> bool:
 
 
 def _operands(host: Node) -> tuple[int, ...]:
-    return tuple(s.operand for s in decode(host.op, host.attrs) if s.operand >= 0)
+    return operands(host.op, host.attrs)
 
 
 def _fold(graph: SubGraph, host: Node, nodes: list[Node], step: Step) -> bool:
