@@ -98,6 +98,11 @@ FUSED = {
                   extra_inputs=[("r", F, (1, 8, 6, 6))],
                   inits={"lo": np.float32(0), "hi": np.float32(6)}),
         [("Conv", ("Add", "Clip"))]),
+    "two-input Sum as the residual (light_resnet50's form), then Relu": (
+        conv_then([helper.make_node("Sum", ["t", "r"], ["a"]),
+                   helper.make_node("Relu", ["a"], ["y"])],
+                  extra_inputs=[("r", F, (1, 8, 6, 6))]),
+        [("Conv", ("Add", "Relu"))]),
     "hard-swish then residual Add": (
         conv_then([*hard_swish("t", "h"), helper.make_node("Add", ["h", "r"], ["y"])],
                   extra_inputs=[("r", F, (1, 8, 6, 6))]),
@@ -180,6 +185,10 @@ NOT_FUSED = {
         squeeze_excite([helper.make_node("Conv", ["u", "w2"], ["y"])],
                        outputs=[("y", F, (1, 5, 6, 6)), ("u", F, (1, 8, 6, 6))]),
         [("Conv", ()), ("GlobalAveragePool", ()), ("Sigmoid", ()), ("Mul", ()), ("Conv", ())]),
+    "three-input Sum": (
+        conv_then([helper.make_node("Sum", ["t", "r", "r"], ["y"])],
+                  extra_inputs=[("r", F, (1, 8, 6, 6))]),
+        [("Conv", ()), ("Sum", ())]),
     "Sub (not an epilogue op)": (
         conv_then([helper.make_node("Sub", ["t", "r"], ["y"])],
                   extra_inputs=[("r", F, (1, 8, 6, 6))]),

@@ -11,7 +11,8 @@ the host's output, while the pattern holds (format and kernel semantics:
   ``Mul(t, g)`` (either order) that is ``g``'s only reader: SiLU and torch's hard-swish, step
   ``Gate:act``;
 - ``Add`` or ``Mul`` with another tensor that broadcasts to the output's shape (a residual, a
-  per-channel scale): a binary step; the other tensor becomes an input of the launch, after
+  per-channel scale), or a two-input ``Sum`` (ResNet-50's residual in onnx's model zoo form,
+  an ``Add``): a binary step; the other tensor becomes an input of the launch, after
   the host's own inputs (omitted optional ones padded with ``""``).
 
 Every step applies only where the intermediate tensor it removes is float32, has no other
@@ -103,7 +104,7 @@ def _absorb(graph: SubGraph, host: Node) -> bool:
         if params is None:
             return False
         return _fold(graph, host, [node], Step(node.op, params=params))
-    if node.op in BINARY and len(node.inputs) == 2:
+    if (node.op in BINARY or node.op == "Sum") and len(node.inputs) == 2:
         other = node.inputs[1] if node.inputs[0] == out else node.inputs[0]
         dtype, shape = graph.types[other]
         if dtype != "float32" or not _broadcasts_to(shape, graph.types[out][1]):
@@ -112,7 +113,8 @@ def _absorb(graph: SubGraph, host: Node) -> bool:
         host.inputs = [*host.inputs, *[""] * (index - len(host.inputs))]
         index += len(_operands(host))
         host.inputs.append(other)
-        return _fold(graph, host, [node], Step(node.op, operand=index))
+        op = "Add" if node.op == "Sum" else node.op  # a two-input Sum is an Add
+        return _fold(graph, host, [node], Step(op, operand=index))
     return False
 
 
