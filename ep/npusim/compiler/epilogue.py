@@ -46,35 +46,76 @@ OWN_INPUTS = {"Conv": 3, "ConvTranspose": 3, "Gemm": 3, "MatMul": 2}
 _ONNX = ("", "ai.onnx")
 
 
+class _Readers:
+    """Who reads and who writes each tensor, indexed once and kept current as nodes fold (the
+    graph's own lookups scan every node: quadratic over a few hundred hosts)."""
+
+    def __init__(self, graph: SubGraph) -> None:
+        self.graph = graph
+        self.outputs = set(graph.outputs)
+        self.readers: dict[str, list[Node]] = {}
+        self.writer: dict[str, Node] = {}
+        for node in graph.nodes:
+            for name in node.inputs:
+                self.readers.setdefault(name, []).append(node)
+            for name in node.outputs:
+                self.writer[name] = node
+
+    def of(self, name: str) -> list[Node]:
+        return self.readers.get(name, [])
+
+    def only(self, name: str) -> Node | None:
+        """The single reader of ``name`` (read once, not a graph output), like
+        :meth:`SubGraph.only_consumer`."""
+        readers = self.of(name)
+        if name in self.outputs or len(readers) != 1 or readers[0].inputs.count(name) != 1:
+            return None
+        return readers[0]
+
+    def drop(self, node: Node) -> None:
+        """``node`` leaves the graph: it reads nothing any more."""
+        for name in node.inputs:
+            self.readers[name].remove(node)
+
+    def read(self, node: Node, name: str) -> None:
+        self.readers.setdefault(name, []).append(node)
+
+
 def fuse_epilogues(graph: SubGraph) -> int:
     """Fold the elementwise ops after each host into its launch; returns how many it folded."""
     fused = 0
+    index = _Readers(graph)
     for host in list(graph.nodes):
         if host.op in OWN_INPUTS and host.op in HOSTS and host.domain in _ONNX:
-            fused += _input_scale(graph, host)
-            while _absorb(graph, host):
+            fused += _input_scale(index, host)
+            while _absorb(index, host):
                 fused += 1
     return fused
 
 
-def _input_scale(graph: SubGraph, host: Node) -> int:
+def _input_scale(index: _Readers, host: Node) -> int:
     """Fold ``Mul(t, s)`` with a per-channel ``s`` into the group-1 Conv reading it (1 if so)."""
+    graph = index.graph
     x = host.inputs[0]
-    mul = graph.producer(x)
+    mul = index.writer.get(x)
     if (host.op != "Conv" or int(host.attrs.get("group", 1)) != 1 or "input_scale" in host.attrs
             or mul is None or mul.op != "Mul" or mul.domain not in _ONNX
-            or len(mul.inputs) != 2 or graph.only_consumer(x) is not host
+            or len(mul.inputs) != 2 or index.only(x) is not host
             or graph.types[x][0] != "float32"):
         return 0
     shape = graph.types[x][1]
     for t, s in (mul.inputs, mul.inputs[::-1]):
         (t_type, t_shape), (s_type, s_shape) = graph.types[t], graph.types[s]
         if t_type == s_type == "float32" and t_shape == shape and _per_channel(s_shape, shape):
-            index = OWN_INPUTS[host.op]
-            host.inputs = [t, *host.inputs[1:], *[""] * (index - len(host.inputs))]
-            index += len(_operands(host))
+            at = OWN_INPUTS[host.op]
+            index.drop(mul)
+            index.drop(host)
+            host.inputs = [t, *host.inputs[1:], *[""] * (at - len(host.inputs))]
+            at += len(_operands(host))
             host.inputs.append(s)
-            host.attrs["input_scale"] = index
+            for name in host.inputs:
+                index.read(host, name)
+            host.attrs["input_scale"] = at
             graph.nodes.remove(mul)
             return 1
     return 0
@@ -88,14 +129,15 @@ def _per_channel(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
     return padded[1] == target[1] and all(d == 1 for i, d in enumerate(padded) if i != 1)
 
 
-def _absorb(graph: SubGraph, host: Node) -> bool:
+def _absorb(index: _Readers, host: Node) -> bool:
     """Absorb one step into ``host``; False when nothing after it fits."""
+    graph = index.graph
     out = host.outputs[0]
-    if len(host.outputs) != 1 or out in graph.outputs or graph.types[out][0] != "float32":
+    if len(host.outputs) != 1 or out in index.outputs or graph.types[out][0] != "float32":
         return False
-    readers = graph.consumers(out)
+    readers = index.of(out)
     if len(readers) == 2:
-        return _gate(graph, host, readers)
+        return _gate(index, host, readers)
     if len(readers) != 1 or readers[0].domain not in _ONNX or readers[0].inputs.count(out) != 1:
         return False
     node = readers[0]
@@ -103,22 +145,24 @@ def _absorb(graph: SubGraph, host: Node) -> bool:
         params = activation_params(graph, node)
         if params is None:
             return False
-        return _fold(graph, host, [node], Step(node.op, params=params))
+        return _fold(index, host, [node], Step(node.op, params=params))
     if (node.op in BINARY or node.op == "Sum") and len(node.inputs) == 2:
         other = node.inputs[1] if node.inputs[0] == out else node.inputs[0]
         dtype, shape = graph.types[other]
         if dtype != "float32" or not _broadcasts_to(shape, graph.types[out][1]):
             return False
-        index = OWN_INPUTS[host.op]
-        host.inputs = [*host.inputs, *[""] * (index - len(host.inputs))]
-        index += len(_operands(host))
+        at = OWN_INPUTS[host.op]
+        host.inputs = [*host.inputs, *[""] * (at - len(host.inputs))]
+        at += len(_operands(host))
         host.inputs.append(other)
+        index.read(host, other)
         op = "Add" if node.op == "Sum" else node.op  # a two-input Sum is an Add
-        return _fold(graph, host, [node], Step(op, operand=index))
+        return _fold(index, host, [node], Step(op, operand=at))
     return False
 
 
-def _gate(graph: SubGraph, host: Node, readers: list[Node]) -> bool:
+def _gate(index: _Readers, host: Node, readers: list[Node]) -> bool:
+    graph = index.graph
     out = host.outputs[0]
     acts = [n for n in readers if n.op in GATES and n.domain in _ONNX and n.inputs[0] == out]
     if len(acts) != 1:
@@ -127,26 +171,30 @@ def _gate(graph: SubGraph, host: Node, readers: list[Node]) -> bool:
     (mul,) = [n for n in readers if n is not act]
     gate = act.outputs[0]
     if (mul.op != "Mul" or mul.domain not in _ONNX or sorted(mul.inputs) != sorted([out, gate])
-            or graph.only_consumer(gate) is not mul):
+            or index.only(gate) is not mul):
         return False
     params = activation_params(graph, act)
     if params is None:
         return False
-    return _fold(graph, host, [act, mul], Step(act.op, gate=True, params=params))
+    return _fold(index, host, [act, mul], Step(act.op, gate=True, params=params))
 
 
 def _operands(host: Node) -> tuple[int, ...]:
     return operands(host.op, host.attrs)
 
 
-def _fold(graph: SubGraph, host: Node, nodes: list[Node], step: Step) -> bool:
+def _fold(index: _Readers, host: Node, nodes: list[Node], step: Step) -> bool:
     """Append ``step`` to ``host``'s epilogue, take over the last node's output and place."""
+    graph = index.graph
     steps = [*decode(host.op, host.attrs), step]
     for key in ("epilogue", "epilogue_args", "epilogue_params"):
         host.attrs.pop(key, None)
     host.attrs.update(encode(steps))
     last = nodes[-1]
     host.outputs = [last.outputs[0]]
+    index.writer[host.outputs[0]] = host
+    for node in nodes:
+        index.drop(node)
     graph.nodes.remove(host)
     graph.nodes[graph.nodes.index(last)] = host
     for node in nodes[:-1]:
