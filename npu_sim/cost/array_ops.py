@@ -9,8 +9,9 @@ columns of the weights), the reduction ``K`` (each core its slice of both; the p
 through HBM and are added on the vector units) or whole GEMMs per core. The MACs may also run
 on the vector units (one per lane per cycle), which wins for GEMMs too thin for the array
 (depthwise convolutions, a single output channel).
-Vector work fused onto the array's output (a fused ``activation``, ConvTranspose's col2im
-accumulation) runs on the vector unit in parallel with the array: compute is the larger.
+Vector work fused onto the array's output (a fused ``activation`` and ``epilogue``,
+ConvTranspose's col2im accumulation) runs on the vector unit in parallel with the array:
+compute is the larger. An epilogue's operands (a residual) are read once beside the output.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .. import epilogue
 from ..config import DeviceConfig
 from ..dtypes import TensorSpec, itemsize
 from ..errors import KernelError
@@ -218,14 +220,28 @@ def _text(value: Any) -> str:
 
 
 def _post_factor(op: str, attrs: Mapping[str, Any]) -> float:
+    """Vector lane-cycles per output element of the fused activation and epilogue: each step
+    costs what its standalone op does per element (a gate adds one multiply)."""
     act = attrs.get("activation")
-    if act is None or _text(act) in ("", "NONE"):
-        return 0.0
-    act = _text(act)
+    factor = 0.0
+    if act is not None and _text(act) not in ("", "NONE"):
+        factor = _factor(op, _text(act))
+    for step in epilogue.decode(op, attrs):
+        factor += _factor(op, step.op) + (ELEMENTWISE["Mul"] if step.gate else 0.0)
+    return factor
+
+
+def _factor(op: str, act: str) -> float:
     if act not in ELEMENTWISE:
         raise KernelError(op, "", f"fused activation={act!r} has no cost model; expected one of "
                                   f"{sorted(ELEMENTWISE)}")
     return ELEMENTWISE[act]
+
+
+def _read(inputs, extra, op: str, attrs: Mapping[str, Any]) -> int:
+    """Bytes of the operands read once besides the two GEMM operands: ``extra`` (a bias) and
+    the epilogue's operands (a residual), each streamed in beside its output tile."""
+    return present(inputs, [*extra, *epilogue.operands(op, attrs)])
 
 
 def _ints(op: str, attrs: Mapping[str, Any], name: str, default: list[int], n: int) -> list[int]:
@@ -281,11 +297,17 @@ def _conv(config, op, inputs, outputs, attrs, cores, x_i=0, w_i=1, extra=(2,)) -
         red=(c // groups) * math.prod(kernel), dtype=x.dtype,
         a_bytes=x.nbytes // groups, b_bytes=w.nbytes // groups,
         fixed_out=out.nbytes,
-        fixed_bytes=out.nbytes + present(inputs, extra), a_item=itemsize(x.dtype),
+        fixed_bytes=out.nbytes + _read(inputs, extra, op, attrs), a_item=itemsize(x.dtype),
         b_item=itemsize(w.dtype), out_item=itemsize(out.dtype),
-        post_work=out.size * _post_factor(op, attrs), names=("inputs", "weights"),
+        post_work=out.size * _post_factor(op, attrs) + _prologue(op, x, attrs),
+        names=("inputs", "weights"),
     )
     return price(config, work, cores)
+
+
+def _prologue(op: str, x: TensorSpec, attrs: Mapping[str, Any]) -> float:
+    """Lane-cycles of a fused input scale: one multiply per input element as it streams in."""
+    return x.size * ELEMENTWISE["Mul"] if epilogue.input_scale(op, attrs) >= 0 else 0.0
 
 
 def _conv_transpose(config, op, inputs, outputs, attrs, cores) -> Cost:
@@ -306,7 +328,7 @@ def _conv_transpose(config, op, inputs, outputs, attrs, cores) -> Cost:
         op=op, items=groups, rows=rows, cols=cols, red=x.shape[1] // groups, dtype=x.dtype,
         a_bytes=x.nbytes // groups, b_bytes=w.nbytes // groups,
         fixed_out=out.nbytes,
-        fixed_bytes=out.nbytes + present(inputs, [2]), a_item=itemsize(x.dtype),
+        fixed_bytes=out.nbytes + _read(inputs, [2], op, attrs), a_item=itemsize(x.dtype),
         b_item=itemsize(w.dtype), out_item=itemsize(out.dtype),
         post_work=col2im + out.size * _post_factor(op, attrs), names=("inputs", "weights"),
     )
@@ -340,7 +362,7 @@ def _matmul(config, op, inputs, outputs, attrs, cores, a_i=0, b_i=1, extra=()) -
         op=op, items=items, rows=rows, cols=n, red=k, dtype=a.dtype,
         a_bytes=rows * k * ea, b_bytes=k * n * eb,
         fixed_out=out.nbytes,
-        fixed_bytes=out.nbytes + present(inputs, extra), a_item=ea, b_item=eb,
+        fixed_bytes=out.nbytes + _read(inputs, extra, op, attrs), a_item=ea, b_item=eb,
         out_item=itemsize(out.dtype), post_work=out.size * _post_factor(op, attrs),
         names=("A", "B"),
     )
@@ -360,7 +382,7 @@ def _gemm(config, op, inputs, outputs, attrs, cores) -> Cost:
     work = GemmWork(
         op=op, items=1, rows=m, cols=n, red=k, dtype=a.dtype, a_bytes=a.nbytes, b_bytes=b.nbytes,
         fixed_out=out.nbytes,
-        fixed_bytes=out.nbytes + present(inputs, [2]), a_item=itemsize(a.dtype),
+        fixed_bytes=out.nbytes + _read(inputs, [2], op, attrs), a_item=itemsize(a.dtype),
         b_item=itemsize(b.dtype), out_item=itemsize(out.dtype),
         post_work=out.size * _post_factor(op, attrs), names=("inputs", "weights"),
     )

@@ -6,10 +6,10 @@ receptive fields of the output pixels, and each group is one GEMM of the weights
 matrix (BLAS through numpy, float32 accumulation). A 1x1 convolution
 without padding needs no unfolding: it is a plain GEMM over a (possibly strided) view of the
 input. A depthwise convolution (one input channel per group) has too little reuse for a GEMM and
-runs as a direct numba loop. ConvTranspose is the adjoint: one GEMM per group produces the
-columns, which *col2im* (numba) scatters back into the output. The numba loops are serial: they
-run between BLAS calls whose threads keep spinning after each GEMM, and a parallel loop there
-fights them for the cores (measured slower end to end on ResNet-50).
+runs as a direct numba loop (:mod:`.depthwise`). ConvTranspose is the adjoint: one GEMM per
+group produces the columns, which *col2im* (numba) scatters back into the output. The numba
+loops are serial: they run between BLAS calls whose threads keep spinning after each GEMM, and
+a parallel loop there fights them for the cores (measured slower end to end on ResNet-50).
 
 Two faster paths were measured on ResNet-50 and left out (both are in the history): Winograd
 F(2x2, 3x3) for 3x3 stride-1 layers gained ~7% at best, inside run-to-run noise, and drifts
@@ -25,6 +25,7 @@ Conv, ConvTranspose and the pools.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Mapping, Sequence
@@ -34,14 +35,13 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from ..epilogue import input_scale
 from ..errors import KernelError
 from . import blas
+from .depthwise import depthwise
 from .gemm import finish, same_dtype, to_compute
 from .limits import check_elements
 from .registry import kernel
-
-#: Depthwise convolutions of at least this many MACs run on the kernels' thread pool.
-DEPTHWISE_SPLIT_MACS = 1 << 18
 
 #: Highest spatial rank the window kernels take.
 MAX_SPATIAL = 3
@@ -59,15 +59,23 @@ class Window:
     pads_end: tuple[int, ...]
     out: tuple[int, ...]
 
-    def as3(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Kernel, strides, dilations and leading pads padded to 3-D, as int64 arrays."""
+    @functools.cached_property
+    def _as3(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         lead = MAX_SPATIAL - len(self.kernel)
-        return (
+        arrays = (
             np.array((1,) * lead + self.kernel, np.int64),
             np.array((1,) * lead + self.strides, np.int64),
             np.array((1,) * lead + self.dilations, np.int64),
             np.array((0,) * lead + self.pads_begin, np.int64),
         )
+        for a in arrays:
+            a.flags.writeable = False
+        return arrays
+
+    def as3(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Kernel, strides, dilations and leading pads padded to 3-D, as read-only int64
+        arrays (made once per window)."""
+        return self._as3
 
 
 def int_tuple(
@@ -230,55 +238,7 @@ def im2col(x: np.ndarray, win: Window, cols: np.ndarray) -> None:
     np.copyto(cols.reshape(view.shape), view)
 
 
-# nogil: conv_nd runs it on ranges of channels on the kernels' thread pool (npu_sim.kernels.blas),
-# whose threads wait without spinning; a numba parallel loop here fought OpenBLAS's spinning ones.
-@njit(cache=True, nogil=True)
-def _depthwise(x, w, mult, st, di, pb, out):  # pragma: no cover - compiled
-    """Direct conv with one input channel per group: out (N, M, OD, OH, OW), zero-filled.
-
-    Each output element adds its in-bounds taps in (i, j, l) order, as a loop per element
-    would, but the innermost loop runs along an output row over the range of columns whose
-    tap lies inside the input (computed once per tap), so it has no branch and vectorizes.
-    """
-    N, M, OD, OH, OW = out.shape
-    D, H, W = x.shape[2], x.shape[3], x.shape[4]
-    KD, KH, KW = w.shape[2], w.shape[3], w.shape[4]
-    lo = np.empty(KW, np.int64)
-    hi = np.empty(KW, np.int64)
-    for lw in range(KW):  # columns e with 0 <= e * st - pb + lw * di < W
-        first = pb[2] - lw * di[2]
-        lo[lw] = min(OW, max(0, -(-first // st[2])))
-        last = W - 1 + pb[2] - lw * di[2]
-        hi[lw] = 0 if last < 0 else min(OW, last // st[2] + 1)
-    s2 = st[2]
-    for t in range(N * M):
-        n = t // M
-        m = t % M
-        c = m // mult
-        for a in range(OD):
-            for i in range(KD):
-                z = a * st[0] - pb[0] + i * di[0]
-                if z < 0 or z >= D:
-                    continue
-                for j in range(KH):
-                    for b in range(OH):
-                        y = b * st[1] - pb[1] + j * di[1]
-                        if y < 0 or y >= H:
-                            continue
-                        row = out[n, m, a, b]
-                        src = x[n, c, z, y]
-                        for lw in range(KW):
-                            wv = w[m, 0, i, j, lw]
-                            off = lw * di[2] - pb[2]
-                            if s2 == 1:  # contiguous: a loop of its own, vectorized
-                                for e in range(lo[lw], hi[lw]):
-                                    row[e] += src[e + off] * wv
-                            else:
-                                for e in range(lo[lw], hi[lw]):
-                                    row[e] += src[e * s2 + off] * wv
-
-
-@njit(cache=True)  # serial for the same reason as _depthwise
+@njit(cache=True)  # serial: a numba parallel loop fights OpenBLAS's spinning threads
 def _col2im(cols, k, st, di, pb, in_dims, out):  # pragma: no cover - compiled
     """Scatter-add cols[(m, i, j, l), (a, b, e)] into out[m, a*s-p+i*d, ...] (out zero-filled)."""
     M, OD, OH, OW = out.shape
@@ -339,6 +299,28 @@ def check_conv(
     return group
 
 
+def geometry(x_shape: tuple[int, ...], w_shape: tuple[int, ...],
+             attrs: Mapping[str, Any]) -> tuple[int, Window]:
+    """Conv's group and window for these shapes and attributes (:func:`check_conv`,
+    :func:`window`), computed once per distinct (shapes, attributes): a program runs the same
+    launch every time, and the checks cost more than a small convolution's arithmetic."""
+    try:
+        key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()))
+        hash(key)
+    except TypeError:  # an unhashable attribute value: no cache
+        return _geometry(x_shape, w_shape, tuple(attrs.items()))
+    return _cached_geometry(x_shape, w_shape, key)
+
+
+def _geometry(x_shape, w_shape, items) -> tuple[int, Window]:
+    attrs = dict(items)
+    group = check_conv("Conv", x_shape, w_shape, attrs)
+    return group, window("Conv", x_shape[2:], w_shape[2:], attrs)
+
+
+_cached_geometry = functools.lru_cache(maxsize=4096)(_geometry)
+
+
 def conv_nd(
     x: np.ndarray, w: np.ndarray, group: int, win: Window, op: str = "Conv"
 ) -> np.ndarray:
@@ -365,13 +347,7 @@ def conv_nd(
                 blas.matmul(w2, view[i].reshape(c, pixels), out=y[i])
         return y.reshape((n, m) + win.out)
     if group > 1 and w.shape[1] == 1:
-        y5 = np.zeros((n, m) + out3, x.dtype)
-        w5, mult = np.ascontiguousarray(as5d(w)), m // c
-        if y5.size * math.prod(win.kernel) < DEPTHWISE_SPLIT_MACS:
-            _depthwise(x5, w5, mult, st3, di3, pb3, y5)
-        else:  # channel ranges (whole groups) on the pool's threads
-            blas.spread(c, lambda lo, hi: _depthwise(x5[:, lo:hi], w5[lo * mult:hi * mult], mult,
-                                                     st3, di3, pb3, y5[:, lo * mult:hi * mult]))
+        y5 = depthwise(x5, np.ascontiguousarray(as5d(w)), st3, di3, pb3, out3)
         return y5.reshape((n, m) + win.out)
     rows = c * int(np.prod(k3))
     # pads, strides and dilations size the temporaries too, not only the output
@@ -413,18 +389,36 @@ def _inputs(op: str, inputs: Sequence[np.ndarray | None]) -> tuple[np.ndarray, n
     return inputs[0], inputs[1], (inputs[2] if len(inputs) > 2 else None)
 
 
+def _scaled_weights(w: np.ndarray, group: int, inputs: Sequence[np.ndarray | None],
+                    attrs: Mapping[str, Any]) -> np.ndarray:
+    """``w`` times the fused per-input-channel scale (:mod:`npu_sim.epilogue`'s prologue)."""
+    index = input_scale("Conv", attrs)
+    s = inputs[index] if index < len(inputs) else None
+    c = w.shape[1] * group
+    if s is None or group != 1 or s.dtype.kind != "f" or s.size != c or \
+            any(d != 1 for i, d in enumerate(s.shape) if i != s.ndim - len(w.shape) + 1):
+        raise KernelError("Conv", "", f"input_scale operand {index} must be a float "
+                                      f"per-channel scale of {c} channels, shape (1, {c}, 1, ...)"
+                                      f" (group 1); got "
+                                      f"{None if s is None else (s.shape, str(s.dtype))}, "
+                                      f"group={group}")
+    return w * s.reshape(1, c, *(1,) * (w.ndim - 2)).astype(np.float32, copy=False)
+
+
 @kernel("Conv")
 def conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[np.ndarray]:
     """ONNX Conv (1-3 spatial dims, groups, depthwise, dilations, pads/auto_pad, bias)."""
     x, w, b = _inputs("Conv", inputs)
     dtype = same_dtype("Conv", {"X": x, "W": w, "B": b})
-    group = check_conv("Conv", x.shape, w.shape, attrs)
-    win = window("Conv", x.shape[2:], w.shape[2:], attrs)
+    group, win = geometry(x.shape, w.shape, attrs)
     bias = _bias("Conv", b, w.shape[0])
-    y = conv_nd(to_compute("Conv", "X", x), to_compute("Conv", "W", w), group, win)
+    w32 = to_compute("Conv", "W", w)
+    if "input_scale" in attrs:
+        w32 = _scaled_weights(w32, group, inputs, attrs)
+    y = conv_nd(to_compute("Conv", "X", x), w32, group, win)
     if bias is not None:
         add_bias(y, bias)
-    return [finish(y, attrs, dtype)]
+    return [finish(y, attrs, dtype, "Conv", inputs)]
 
 
 def transpose_window(
@@ -530,4 +524,4 @@ def conv_transpose(
     y = y.reshape((n, m) + win.out)
     if bias is not None:
         add_bias(y, bias)
-    return [finish(y, attrs, dtype)]
+    return [finish(y, attrs, dtype, op, inputs)]

@@ -66,9 +66,16 @@ def fused_activation(y: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:
     return apply_activation(y, str(name), params, inplace=True)
 
 
-def finish(y: np.ndarray, attrs: Mapping[str, Any], dtype: np.dtype) -> np.ndarray:
-    """Fused activation in float32, then one rounding to the output ``dtype``."""
-    out = np.asarray(fused_activation(y, attrs)).astype(dtype, copy=False)
+def finish(y: np.ndarray, attrs: Mapping[str, Any], dtype: np.dtype, op: str = "",
+           inputs: Sequence[np.ndarray | None] = ()) -> np.ndarray:
+    """Fused activation and fused epilogue (:mod:`.epilogue`, reading ``inputs``) in float32,
+    then one rounding to the output ``dtype``."""
+    y = np.asarray(fused_activation(y, attrs))
+    if "epilogue" in attrs:
+        from .epilogue import apply_epilogue  # lazy: it imports the activations module
+
+        y = apply_epilogue(op, y, attrs, inputs)
+    out = y.astype(dtype, copy=False)
     # (np.ascontiguousarray would turn a 0-d result, 1-D @ 1-D, into shape (1,))
     return out if out.flags.c_contiguous else out.copy(order="C")
 
@@ -120,7 +127,7 @@ def matmul(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> lis
         else:
             with blas.threads_for(math.prod(out) * a.shape[-1]):
                 y = np.matmul(a32, b32)
-    return [finish(np.asarray(y), attrs, dtype)]
+    return [finish(np.asarray(y), attrs, dtype, "MatMul", inputs)]
 
 
 @kernel("Gemm")
@@ -158,7 +165,7 @@ def gemm(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[
             )
         c32 = to_compute("Gemm", "C", c)
         y += c32 if beta == 1.0 else beta * c32
-    return [finish(y, attrs, dtype)]
+    return [finish(y, attrs, dtype, "Gemm", inputs)]
 
 
 def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:

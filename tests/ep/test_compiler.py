@@ -144,8 +144,10 @@ def test_program_structure_and_report():
     cp = compiled(m)
     p, r = cp.program, cp.report
     assert p.hardware_architecture == "npu-m"
-    assert [launch.op for launch in p.launches] == ["Conv", "Conv", "Add", "Relu"]
+    # the residual Add and the Relu after it run in the second Conv's epilogue
+    assert [launch.op for launch in p.launches] == ["Conv", "Conv"]
     assert p.launches[0].attrs["activation"] == "Relu"
+    assert p.launches[1].attrs["epilogue"] == ("Add", "Relu")
     for launch in p.launches:
         for value in launch.attrs.values():
             assert isinstance(value, (int, float, str, bytes, tuple))
@@ -197,13 +199,14 @@ def test_independent_branches_run_on_disjoint_cores():
     # Two 1x1 convs of x, each with 2 * array_rows output pixels (two row folds of the array),
     # 64 output channels (one column fold) and a 16-step reduction (too short for a K split to
     # pay against the array's skew): the cost model gains nothing past 2 cores. Both are ready
-    # at once: list scheduling gives them disjoint cores of the 4.
+    # at once: list scheduling gives them disjoint cores of the 4. (They join in a Sub: an Add
+    # would run in the second Conv's epilogue, making it wait for the first.)
     width = NPU_M.array_rows
     r = np.random.default_rng(0)
     w1, w2 = (r.normal(size=(64, 16, 1, 1)).astype(np.float32) for _ in range(2))
     nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]),
              helper.make_node("Conv", ["x", "w2"], ["b"]),
-             helper.make_node("Add", ["a", "b"], ["y"])]
+             helper.make_node("Sub", ["a", "b"], ["y"])]
     m = model(nodes, [("x", F, (1, 16, 2, width))], [("y", F, (1, 64, 2, width))],
               {"w1": w1, "w2": w2})
     launches = compiled(m).report.launches

@@ -1,0 +1,99 @@
+"""Kernels' side of fused epilogues (format: :mod:`npu_sim.epilogue`).
+
+An array kernel (Conv, ConvTranspose, Gemm, MatMul) computes its float32 result in a buffer of
+its own, applies its fused activation, then :func:`apply_epilogue` runs the steps in place on
+that buffer before the one rounding to the output dtype. Each step does what its standalone
+kernel does, in float32 and in the same order, so the fused launch gives the unfused values:
+an activation through :func:`~.activations.apply_activation`, a gate as the activation into a
+temporary and one multiply, a binary step as one numpy ufunc with broadcasting. The gates of
+float32 outputs run fused loops that round the gate to float32 before the multiply, as the two
+kernels do: hard-sigmoid (hard-swish as torch exports it) in one numba loop, sigmoid (SiLU) in
+three passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from ..epilogue import decode
+from ..errors import KernelError
+from .activations import apply_activation
+from .conv import scratch
+
+_UFUNCS = {"Add": np.add, "Mul": np.multiply}
+
+
+@njit(cache=True, error_model="numpy")
+def _hard_sigmoid_gate(y, alpha, beta):  # pragma: no cover - numba
+    for i in range(y.size):
+        v = alpha * y[i] + beta
+        # NaN propagates as in the HardSigmoid kernel; the gate rounds to float32 as it does.
+        g = np.float32(v if v != v else min(1.0, max(0.0, v)))
+        y[i] = y[i] * g
+
+
+@njit(cache=True, error_model="numpy")
+def _minus_abs(y, e):  # pragma: no cover - numba
+    for i in range(y.size):
+        e[i] = -abs(y[i])
+
+
+@njit(cache=True, error_model="numpy")
+def _sigmoid_gate(y, e):  # pragma: no cover - numba
+    # e = exp(-|y|): the Sigmoid kernel's arithmetic, its float32 rounding, then the multiply.
+    for i in range(y.size):
+        inv = 1 / (1 + e[i])
+        g = np.float32(inv if y[i] >= 0 else e[i] * inv)
+        y[i] = y[i] * g
+
+
+def _silu(y: np.ndarray) -> None:
+    """``y *= sigmoid(y)`` in three passes (numpy's SIMD exp in the middle; numba does not
+    vectorise exp) into a reused scratch buffer, instead of the two kernels' six and a new
+    array: EfficientNet's 96x112x112 SiLU measured 3x faster."""
+    flat = y.reshape(-1)
+    e = scratch(flat.shape, flat.dtype)
+    _minus_abs(flat, e)
+    np.exp(e, out=e)
+    _sigmoid_gate(flat, e)
+
+
+def _broadcasts(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether ``shape`` broadcasts unidirectionally to ``target``."""
+    return len(shape) <= len(target) and all(
+        s in (1, t) for s, t in zip(reversed(shape), reversed(target), strict=False))
+
+
+def apply_epilogue(op: str, y: np.ndarray, attrs: Mapping[str, Any],
+                   inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+    """``y`` (the kernel's own float32 buffer) after the epilogue in ``attrs``; in place where
+    the step allows. Operands must be float arrays broadcasting to ``y``'s shape."""
+    for step in decode(op, attrs):
+        fast = y.dtype == np.float32 and y.flags.c_contiguous and y.flags.writeable
+        if step.operand >= 0:
+            other = inputs[step.operand] if step.operand < len(inputs) else None
+            if other is None:
+                raise KernelError(op, "", f"epilogue step {step.op} reads input {step.operand}, "
+                                          f"which is missing ({len(inputs)} inputs)")
+            if not _broadcasts(other.shape, y.shape) or other.dtype.kind != "f":
+                raise KernelError(op, "", f"epilogue operand {step.operand} of shape "
+                                          f"{other.shape}, dtype {other.dtype} must be float and "
+                                          f"broadcast to the output {y.shape}")
+            with np.errstate(all="ignore"):
+                _UFUNCS[step.op](y, other.astype(y.dtype, copy=False), out=y)
+        elif step.gate and step.op == "HardSigmoid" and fast:
+            alpha, beta = (step.params + (0.2, 0.5)[len(step.params):])[:2]
+            _hard_sigmoid_gate(y.reshape(-1), alpha, beta)
+        elif step.gate and step.op == "Sigmoid" and fast:
+            with np.errstate(all="ignore"):
+                _silu(y)
+        elif step.gate:
+            with np.errstate(all="ignore"):
+                np.multiply(y, apply_activation(y, step.op, step.params), out=y)
+        else:
+            y = apply_activation(y, step.op, step.params, inplace=True)
+    return y
