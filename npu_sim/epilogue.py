@@ -48,6 +48,8 @@ ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish
 """Activations a step may apply (the fusable activations of :mod:`npu_sim.kernels.activations`)."""
 GATES = ("Sigmoid", "HardSigmoid")
 """Activations a gate may apply."""
+ATTRIBUTES = frozenset({"epilogue", "epilogue_args", "epilogue_params", "input_scale"})
+"""The launch attributes this format adds; a reader that ignored them would compute other values."""
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from firmware_model.upload import drop_resident
 from . import binary_layout as L
 from .binary_records import Decoder
 from .external_weights import ExternalFiles, ExternalWeightFile, open_external
-from .version import FORMAT_VERSION, SDK_VERSION, sdk_major
+from .version import FORMAT_VERSION, READABLE_MAJORS, SDK_VERSION, sdk_major
 
 
 @dataclass(frozen=True)
@@ -75,11 +75,11 @@ def _parse_header(view: memoryview, expected_architecture: str | None,
         )
     fields = L.HEADER.unpack_from(view, 0)
     major, minor, header_size, header_crc = fields[1:5]
-    if major != FORMAT_VERSION[0]:
+    if major not in READABLE_MAJORS:
         relation = "newer" if major > FORMAT_VERSION[0] else "older"
         raise InvalidGraph(
             f"format version {major}.{minor} is {relation} than this SDK supports "
-            f"({FORMAT_VERSION[0]}.x)"
+            f"({' or '.join(f'{m}.x' for m in READABLE_MAJORS)})"
         )
     if not L.HEADER_SIZE <= header_size <= size:
         raise InvalidGraph(

@@ -29,7 +29,7 @@ from npu_sim.errors import ConfigError
 
 from . import binary_layout as L
 from .external_weights import ExternalSpec, ExternalWeightFile, WeightWriter
-from .version import FORMAT_VERSION, SDK_VERSION
+from .version import SDK_VERSION, format_version
 
 Buffer = bytes | bytearray | memoryview
 
@@ -407,7 +407,8 @@ def _layout(programs: Sequence[Program], hardware_architecture: str, config_dige
         table += L.SECTION.pack(kind, 0, offset, length, crc, 0)
         position = offset + length
     header = bytearray(L.HEADER_SIZE)
-    L.HEADER.pack_into(header, 0, L.MAGIC, *FORMAT_VERSION, L.HEADER_SIZE, 0, len(sections),
+    version = format_version({name for p in programs for k in p.launches for name in k.attrs})
+    L.HEADER.pack_into(header, 0, L.MAGIC, *version, L.HEADER_SIZE, 0, len(sections),
                        table_offset, position, sdk, arch, digest, L.crc32(table))
     struct.pack_into("<I", header, L.HEADER_CRC_OFFSET, L.crc32(header))
     listing = weights.listing if isinstance(weights, _ExternalWeights) else []

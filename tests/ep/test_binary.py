@@ -209,10 +209,41 @@ def test_wrong_magic(sample):
 
 def test_newer_format_version(sample):
     data = bytearray(sample)
-    struct.pack_into("<HH", data, 8, 3, 0)
+    struct.pack_into("<HH", data, 8, 4, 0)
     with pytest.raises(InvalidGraph) as info:
         ContextBinary.from_bytes(reseal(data))
-    assert info.value.message == "format version 3.0 is newer than this SDK supports (2.x)"
+    assert info.value.message == "format version 4.0 is newer than this SDK supports (2.x or 3.x)"
+
+
+def _launch_program(attrs: dict) -> Program:
+    t = (TensorDesc("a", (4,), "float32", Region.ARENA, 0),
+         TensorDesc("b", (4,), "float32", Region.ARENA, 64),
+         TensorDesc("y", (4,), "float32", Region.ARENA, 128))
+    return Program("g", t, (KernelLaunch("MatMul", (0, 1), (2,), attrs),), b"", (0, 1), (2,),
+                   {}, 192, "npu-m")
+
+
+@pytest.mark.parametrize("attrs, version", [
+    ({}, (2, 2)), ({"activation": "Relu"}, (2, 2)),
+    ({"epilogue": ("Add",), "epilogue_args": (1,)}, (3, 0)), ({"input_scale": 1}, (3, 0))])
+def test_a_binary_is_3_0_only_when_a_launch_has_a_fused_epilogue(attrs, version, monkeypatch):
+    """A 2.x reader accepts any attribute name, so it would run a fused epilogue's host op
+    alone and compute other values: such a binary is stamped 3.0, which 2.x readers refuse;
+    a binary without one stays 2.2 and still opens in them."""
+    from ep.npusim import binary_reader
+
+    data = pack_context([_launch_program(attrs)], hardware_architecture="npu-m")
+    binary = ContextBinary.from_bytes(data)
+    assert binary.header.format_version == version
+    assert binary.program("g").launches[0].attrs == attrs
+    monkeypatch.setattr(binary_reader, "READABLE_MAJORS", (2,))  # an SDK from before 3.0
+    monkeypatch.setattr(binary_reader, "FORMAT_VERSION", (2, 2))
+    if version == (2, 2):
+        ContextBinary.from_bytes(data)
+    else:
+        with pytest.raises(InvalidGraph, match=r"format version 3\.0 is newer than this SDK "
+                                               r"supports \(2\.x\)"):
+            ContextBinary.from_bytes(data)
 
 
 def test_format_1_0_is_refused_by_its_version_not_by_a_checksum(sample):
@@ -222,7 +253,8 @@ def test_format_1_0_is_refused_by_its_version_not_by_a_checksum(sample):
     struct.pack_into("<HH", data, 8, 1, 0)
     with pytest.raises(InvalidGraph) as info:
         ContextBinary.from_bytes(reseal(data))
-    assert info.value.message == "format version 1.0 is older than this SDK supports (2.x)"
+    assert info.value.message == ("format version 1.0 is older than this SDK supports "
+                                  "(2.x or 3.x)")
 
 
 def test_newer_minor_version_with_an_unknown_section_is_accepted(sample):
