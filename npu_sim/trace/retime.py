@@ -28,15 +28,15 @@ import os
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
-
-import simpy
 
 from ..config import DeviceConfig
 from ..dtypes import TensorSpec
 from ..errors import NpuSimError, TraceError
 from .format import Trace, load
 from .recorder import TraceRecord
+from .schedule import URGENT, Action, Clock, Event, Pool, Resource, all_of, each
 
 MODES = ("recorded", "elastic")
 NOT_REPLAYED = frozenset({"engine", "order"})
@@ -192,7 +192,9 @@ def _prepare(trace: Trace) -> dict[str, Any]:
 
 
 class _Elastic:
-    """One elastic replay: a simpy model of the device's engines, fed the trace's work."""
+    """One elastic replay: the device's engines on a :mod:`.schedule` clock, fed the trace's
+    work. Each kernel, DMA transfer and DMA chunk runs the same steps, in the same order, as
+    the device's simpy processes, so ties between records break as they do on the device."""
 
     def __init__(self, trace: Trace, config: DeviceConfig, split: SplitRule | None) -> None:
         from ..kernels.registry import lookup
@@ -202,12 +204,11 @@ class _Elastic:
         self.splits: dict[Any, int] = {}  # per distinct launch: its core split, its cost
         self.costs: dict[Any, Any] = {}
         self.joined: list[tuple[TraceRecord, int, int]] = []
-        self.env = simpy.Environment()
-        self.cores = [simpy.Resource(self.env, 1) for _ in range(config.cores)]
-        self.channels = simpy.Store(self.env, capacity=config.dma_channels)
-        self.channels.items.extend(range(config.dma_channels))
-        self.links = {"link": simpy.Resource(self.env, 1), "hbm": simpy.Resource(self.env, 1)}
-        self.done: dict[int, simpy.Event] = {}
+        self.clock = clock = Clock()
+        self.cores = [Resource(clock) for _ in range(config.cores)]
+        self.channels = Pool(clock, range(config.dma_channels))
+        self.links = {"link": Resource(clock), "hbm": Resource(clock)}
+        self.done: dict[int, Event] = {}
         self.out: dict[int, TraceRecord] = {}
         self.extra: list[TraceRecord] = []
         self.next_id = max((r.id for r in trace.records), default=-1) + 1
@@ -218,23 +219,25 @@ class _Elastic:
         prepared = _prepare(self.trace)
         groups = prepared["groups"]
         replayed = prepared["edges"]
+        clock, done = self.clock, self.done
         for rec in self.trace.records:
-            edges = [(self.done[d], why) for d, why in replayed[rec.id]]
+            deps = [done[d] for d, _ in replayed[rec.id]]
             recorded_ready = rec.ready if rec.ready >= 0 else rec.start
             delay = 0 if rec.deps else max(recorded_ready - origin, 0)
             if rec.kind == "dma":
                 group = groups[rec.id]
                 if rec.id == min(m.id for m in group):
-                    ev = self.env.process(self._transfer(group, [e for e, _ in edges], delay))
+                    finished = Event()
+                    clock.at(0, partial(self._transfer, group, deps, delay, finished), URGENT)
                     for member in group:
-                        self.done[member.id] = ev
+                        done[member.id] = finished
             elif rec.kind == "kernel":
-                self.done[rec.id] = self.env.process(
-                    self._kernel(rec, [e for e, _ in edges], delay))
+                done[rec.id] = finished = Event()
+                clock.at(0, partial(self._kernel, rec, deps, delay, finished), URGENT)
             else:
-                self.done[rec.id] = self._join(rec, edges, delay)
+                done[rec.id] = self._join(rec, deps, delay)
         try:
-            self.env.run()
+            clock.run()
         except NpuSimError as exc:
             raise TraceError("replay", f"cannot re-price the trace under {self.config.name!r}: "
                                        f"{exc}") from None
@@ -259,29 +262,39 @@ class _Elastic:
                 "launch's core split, placement and tiling for the recorded config and might "
                 "choose differently for this one (replay keeps the recorded choices)")
 
-    def _wait(self, deps, delay):
+    def _after(self, deps: list[Event], delay: int, action: Action) -> None:
+        """Run ``action`` ``delay`` cycles from now, then once ``deps`` have happened."""
+        clock = self.clock
         if delay:
-            yield self.env.timeout(delay)
-        if deps:
-            yield simpy.AllOf(self.env, deps)
+            def waited() -> None:
+                if deps:
+                    all_of(clock, deps).then(action)
+                else:
+                    action()
 
-    def _join(self, rec: TraceRecord, edges, delay) -> simpy.Event:
+            clock.at(delay, waited)
+        elif deps:
+            all_of(clock, deps).then(action)
+        else:
+            action()
+
+    def _join(self, rec: TraceRecord, deps: list[Event], delay: int) -> Event:
         """A command or host step: done when everything it waited for is. It started once
         its dependencies other than ``completion`` (the work it completes with) were done;
         that start is filled in after the run (:meth:`_join_starts`)."""
-        events = [e for e, _ in edges]
+        clock = self.clock
         if delay:
-            events.append(self.env.timeout(delay))
-        # A plain event stands for the join: dependents waiting on a Condition would make simpy
-        # rebuild the nested conditions' values at every level.
-        done = self.env.event()
+            timer = Event()
+            clock.at(delay, timer.fire)
+            deps = [*deps, timer]
+        finished = Event()
 
-        def finish(_: simpy.Event) -> None:
-            self.joined.append((rec, int(self.env.now), delay))
-            done.succeed()
+        def finish() -> None:
+            self.joined.append((rec, clock.now, delay))
+            clock.at(0, finished.fire)
 
-        simpy.AllOf(self.env, events).callbacks.append(finish)
-        return done
+        all_of(clock, deps).then(finish)
+        return finished
 
     def _join_starts(self) -> None:
         for rec, end, delay in self.joined:
@@ -296,7 +309,7 @@ class _Elastic:
         recorded = [int(c) for c in rec.work.get("core_ids") or [0]]
         total = self.config.cores
         if k is not None and (k != len(recorded) or total != self.trace.config.cores):
-            now = self.env.now
+            now = self.clock.now
             order = sorted(range(total), key=lambda c: (max(self.free_at[c], now), c))
             return sorted(order[:k])
         if len(recorded) >= self.trace.config.cores:
@@ -306,35 +319,42 @@ class _Elastic:
         ids += [c for c in range(total) if c not in ids][:k - len(ids)]
         return sorted(ids)
 
-    def _kernel(self, rec: TraceRecord, deps, delay):
-        from ..compute import price
+    def _kernel(self, rec: TraceRecord, deps: list[Event], delay: int, finished: Event) -> None:
+        """A launch: wait for its dependencies, take its cores (in core order, each first come
+        first served), hold them for its re-priced cycles."""
+        clock = self.clock
+        submit = clock.now
 
-        submit = int(self.env.now)
-        yield from self._wait(deps, delay)
-        ready = int(self.env.now)
-        w = rec.work
-        launch = _prepare(self.trace)["launches"][rec.id]
-        op, node, ins, outs, attrs, key = launch
-        k = None
-        if self.split is not None:
-            k = self.splits.get(key)
-            if k is None:
-                k = self.splits[key] = int(self.split(self.config, op, ins, outs, attrs))
-        ids = self._core_ids(rec, k)
-        cost = self.costs.get((key, len(ids)))
-        if cost is None:
-            cost = self.costs[(key, len(ids))] = price(
-                self.config, self.lookup(op, node), op, node, ins, outs, attrs, len(ids))
-        begin = max([self.env.now, *(self.free_at[c] for c in ids)])
+        def ready() -> None:
+            from ..compute import price
+
+            ready_at = clock.now
+            op, node, ins, outs, attrs, key = _prepare(self.trace)["launches"][rec.id]
+            k = None
+            if self.split is not None:
+                k = self.splits.get(key)
+                if k is None:
+                    k = self.splits[key] = int(self.split(self.config, op, ins, outs, attrs))
+            ids = self._core_ids(rec, k)
+            cost = self.costs.get((key, len(ids)))
+            if cost is None:
+                cost = self.costs[(key, len(ids))] = price(
+                    self.config, self.lookup(op, node), op, node, ins, outs, attrs, len(ids))
+            cycles = int(cost.total_cycles)
+            begin = max([clock.now, *(self.free_at[c] for c in ids)])
+            for c in ids:
+                self.free_at[c] = begin + cycles
+            requests = [self.cores[c].request() for c in ids]
+            each(requests, lambda: clock.at(cycles, partial(
+                self._kernel_end, rec, ids, cost, submit, ready_at, clock.now, finished)))
+
+        self._after(deps, delay, ready)
+
+    def _kernel_end(self, rec: TraceRecord, ids: list[int], cost: Any, submit: int, ready: int,
+                    start: int, finished: Event) -> None:
         for c in ids:
-            self.free_at[c] = begin + int(cost.total_cycles)
-        requests = [self.cores[c].request() for c in ids]
-        for req in requests:
-            yield req
-        start = int(self.env.now)
-        yield self.env.timeout(int(cost.total_cycles))
-        for c, req in zip(ids, requests, strict=True):
-            self.cores[c].release(req)
+            self.cores[c].release()
+        w = rec.work
         work = {**w, "cores": len(ids), "core_ids": ids, "macs": int(cost.macs or 0),
                 "unit": getattr(cost, "engine", w.get("unit", "array")),
                 "hbm_bytes": int(getattr(cost, "hbm_bytes", 0) or 0)}
@@ -343,55 +363,78 @@ class _Elastic:
             work["energy"] = dict(energy)
         else:
             work.pop("energy", None)
-        self.out[rec.id] = _moved(rec, engine=f"core{ids[0]}",
-                                               scope=f"npu.core{ids[0]}", start=start,
-                                               end=int(self.env.now), work=work,
-                                               submit=submit, ready=ready)
+        self.out[rec.id] = _moved(rec, engine=f"core{ids[0]}", scope=f"npu.core{ids[0]}",
+                                  start=start, end=self.clock.now, work=work, submit=submit,
+                                  ready=ready)
+        self.clock.at(0, finished.fire)
 
-    def _transfer(self, group: list[TraceRecord], deps, delay):
+    def _transfer(self, group: list[TraceRecord], deps: list[Event], delay: int,
+                  finished: Event) -> None:
+        """A DMA transfer: wait for its dependencies, re-chunk it, start every chunk at once;
+        it is done when its chunks are, in order (as the device reports completions)."""
         from ..dma import chunk_plan
 
-        first = group[0]
-        submit = int(self.env.now)
-        yield from self._wait(deps, delay)
-        ready = int(self.env.now)
-        nbytes = int(first.work.get("transfer_bytes") or sum(r.work["bytes"] for r in group))
-        pieces = chunk_plan(self.config, nbytes)
-        # The last chunk keeps the id dependents name; others keep theirs or get fresh ones.
-        old = [r.id for r in group]
-        fresh = list(range(self.next_id, self.next_id + max(len(pieces) - len(old), 0)))
-        self.next_id += len(fresh)
-        ids = (old[:-1] + fresh)[:len(pieces) - 1] + [old[-1]]
-        chunks = [self.env.process(self._chunk(first, group, ids[i], off, n, i, len(pieces),
-                                               submit, ready))
-                  for i, (off, n) in enumerate(pieces)]
-        yield from chunks  # completions in order, as the device reports them
+        clock = self.clock
+        submit = clock.now
 
-    def _chunk(self, first, group, rid, off, n, index, count, submit, ready):
+        def ready() -> None:
+            first = group[0]
+            ready_at = clock.now
+            nbytes = int(first.work.get("transfer_bytes")
+                         or sum(r.work["bytes"] for r in group))
+            pieces = chunk_plan(self.config, nbytes)
+            # The last chunk keeps the id dependents name; others keep theirs or get fresh ones.
+            old = [r.id for r in group]
+            fresh = list(range(self.next_id, self.next_id + max(len(pieces) - len(old), 0)))
+            self.next_id += len(fresh)
+            ids = (old[:-1] + fresh)[:len(pieces) - 1] + [old[-1]]
+            chunks = []
+            for i, (off, n) in enumerate(pieces):
+                chunk = Event()
+                chunks.append(chunk)
+                clock.at(0, partial(self._chunk, group, ids[i], off, n, i, len(pieces),
+                                    submit, ready_at, chunk), URGENT)
+            each(chunks, lambda: clock.at(0, finished.fire))
+
+        self._after(deps, delay, ready)
+
+    def _chunk(self, group, rid, off, n, index, count, submit, ready, finished) -> None:
+        """One chunk: take a channel, spend the setup on it, then hold the link (or the HBM
+        port) for the chunk's bytes."""
         from ..dma import chunk_energy, chunk_link
 
-        env, cfg = self.env, self.config
-        ch = yield self.channels.get()
-        start = int(env.now)
-        yield env.timeout(cfg.dma_setup_cycles)
-        direction = first.work.get("direction", "h2d")
-        link, cycles = chunk_link(cfg, n, direction)
-        with self.links[link].request() as req:
-            yield req
-            yield env.timeout(cycles)
-        self.channels.put(ch)
-        base = first.name.split("[", 1)[0]
-        work = {**first.work, "bytes": n, "offset": off, "chunk": index, "chunks": count,
-                "link": link, "energy": chunk_energy(cfg, n, direction == "d2d")}
-        rec = _moved(first, id=rid, engine=f"dma{ch}",
-                                  scope=f"{first.scope.rstrip('0123456789')}{ch}",
-                                  name=base if count == 1 else f"{base}[{index}/{count}]",
-                                  start=start, end=int(env.now), work=work, submit=submit,
-                                  ready=ready)
-        if any(r.id == rid for r in group):
-            self.out[rid] = rec
-        else:
-            self.extra.append(rec)
+        clock, cfg = self.clock, self.config
+        got = self.channels.get()
+
+        def granted() -> None:
+            start = clock.now
+            first = group[0]
+            direction = first.work.get("direction", "h2d")
+            link, cycles = chunk_link(cfg, n, direction)
+            port = self.links[link]
+
+            def moved() -> None:
+                port.release()
+                ch = got.value
+                self.channels.put(ch)
+                base = first.name.split("[", 1)[0]
+                work = {**first.work, "bytes": n, "offset": off, "chunk": index,
+                        "chunks": count, "link": link,
+                        "energy": chunk_energy(cfg, n, direction == "d2d")}
+                rec = _moved(first, id=rid, engine=f"dma{ch}",
+                             scope=f"{first.scope.rstrip('0123456789')}{ch}",
+                             name=base if count == 1 else f"{base}[{index}/{count}]",
+                             start=start, end=clock.now, work=work, submit=submit, ready=ready)
+                if any(r.id == rid for r in group):
+                    self.out[rid] = rec
+                else:
+                    self.extra.append(rec)
+                clock.at(0, finished.fire)
+
+            clock.at(cfg.dma_setup_cycles,
+                     lambda: port.request().then(lambda: clock.at(cycles, moved)))
+
+        got.then(granted)
 
 
 def _transfers(records: tuple[TraceRecord, ...]) -> dict[int, list[TraceRecord]]:
