@@ -31,9 +31,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from ..compute import price
 from ..config import DeviceConfig
+from ..dma import chunk_energy, chunk_link, chunk_plan
 from ..dtypes import TensorSpec
 from ..errors import NpuSimError, TraceError
+from ..kernels.registry import lookup
 from .format import Trace, load
 from .recorder import TraceRecord
 from .schedule import URGENT, Action, Clock, Event, Pool, Resource, all_of, each
@@ -116,9 +119,11 @@ def busy_cycles(records: tuple[TraceRecord, ...] | list[TraceRecord]) -> dict[st
 def _energy(records) -> dict[str, float]:
     total: dict[str, float] = {}
     for r in records:
-        for part, value in (r.work.get("energy") or {}).items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                total[part] = total.get(part, 0.0) + value
+        energy = r.work.get("energy")
+        if energy:
+            for part, value in energy.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    total[part] = total.get(part, 0.0) + value
     return total
 
 
@@ -150,43 +155,89 @@ def _attr(value: Any) -> Any:
     return tuple(_attr(v) for v in value) if isinstance(value, list) else value
 
 
-def _moved(rec: TraceRecord, **changes: Any) -> TraceRecord:
+def _moved(rec: TraceRecord, start: int, end: int, submit: int, ready: int,
+           rid: int | None = None, engine: str | None = None, scope: str | None = None,
+           name: str | None = None, work: dict[str, Any] | None = None) -> TraceRecord:
     """``dataclasses.replace`` for the fields replay changes, at a fraction of its cost."""
-    get = changes.get
-    return TraceRecord(get("id", rec.id), rec.kind, get("engine", rec.engine),
-                       get("scope", rec.scope), get("name", rec.name), changes["start"],
-                       changes["end"], rec.deps, get("work", rec.work), rec.why,
-                       changes["submit"], changes["ready"])
+    return TraceRecord(rec.id if rid is None else rid, rec.kind, engine or rec.engine,
+                       scope or rec.scope, rec.name if name is None else name, start, end,
+                       rec.deps, rec.work if work is None else work, rec.why, submit, ready)
 
 
-_PREPARED: dict[int, dict[str, Any]] = {}
+@dataclass(frozen=True)
+class _Transfer:
+    """A recorded DMA transfer: its chunk records in chunk order, and what re-chunking it
+    needs (its bytes, direction, name and scope without the chunk or channel number)."""
+
+    records: tuple[TraceRecord, ...]
+    nbytes: int
+    direction: str
+    name: str
+    scope: str
+
+    @classmethod
+    def of(cls, records: list[TraceRecord]) -> _Transfer:
+        first = records[0]
+        nbytes = int(first.work.get("transfer_bytes") or sum(r.work["bytes"] for r in records))
+        return cls(tuple(records), nbytes, first.work.get("direction", "h2d"),
+                   first.name.split("[", 1)[0], first.scope.rstrip("0123456789"))
 
 
-def _prepare(trace: Trace) -> dict[str, Any]:
-    """What every replay of ``trace`` needs, worked out once per trace (a sweep replays one
-    trace many times): ``groups`` (the chunks of each DMA transfer), ``edges`` (each record's
-    replayed dependencies) and ``launches`` (each kernel's ``(op, node, in_specs, out_specs,
-    attrs, key)``, where ``key`` is one small int per distinct op, operands and attributes)."""
+@dataclass(frozen=True)
+class _Prepared:
+    """What every replay of a trace needs, worked out once per trace (a sweep replays one
+    trace many times).
+
+    ``steps`` has one ``(kind, what, deps, delay)`` per kernel, transfer and join in record
+    order: ``what`` is the record (the :class:`_Transfer` for a DMA transfer, set up at its
+    lowest record id), ``deps`` the ids of the records it waits for, ``delay`` the cycles it
+    waited from the trace's start when it waits for nothing. ``launches`` holds each kernel's
+    ``(op, node, in_specs, out_specs, attrs, key)``, ``key`` one small int per distinct op,
+    operands and attributes; ``starts`` each join's dependencies that mark its start (all
+    replayed ones but ``completion``)."""
+
+    steps: tuple[tuple[str, Any, tuple[int, ...], int], ...]
+    launches: dict[int, tuple]
+    starts: dict[int, tuple[int, ...]]
+
+
+_PREPARED: dict[int, _Prepared] = {}
+
+
+def _prepare(trace: Trace) -> _Prepared:
+    """The :class:`_Prepared` of ``trace``, kept while the trace lives."""
     prepared = _PREPARED.get(id(trace))
     if prepared is not None:
         return prepared
     keys: dict[tuple, int] = {}
     launches: dict[int, tuple] = {}
+    steps: list[tuple[str, Any, tuple[int, ...], int]] = []
+    starts: dict[int, tuple[int, ...]] = {}
+    transfers = _transfers(trace.records)
+    origin = trace.start
     for rec in trace.records:
-        if rec.kind != "kernel":
-            continue
-        w = rec.work
-        op, node = str(w.get("op", rec.name)), str(w.get("node", rec.name))
-        attrs = {k: _attr(v) for k, v in (w.get("attrs") or {}).items()}
-        ins = [_spec(s) for s in w.get("inputs", [])]
-        outs = [_spec(s) for s in w.get("outputs", [])]
-        key = keys.setdefault((op, tuple(ins), tuple(outs), repr(sorted(attrs.items()))),
-                              len(keys))
-        launches[rec.id] = (op, node, ins, outs, attrs, key)
-    prepared = _PREPARED[id(trace)] = {
-        "groups": _transfers(trace.records), "launches": launches,
-        "edges": {r.id: [(d, why) for d, why in r.edges if why not in NOT_REPLAYED]
-                  for r in trace.records}}
+        edges = [(d, why) for d, why in rec.edges if why not in NOT_REPLAYED]
+        deps = tuple(d for d, _ in edges)
+        recorded_ready = rec.ready if rec.ready >= 0 else rec.start
+        delay = 0 if rec.deps else max(recorded_ready - origin, 0)
+        if rec.kind == "dma":
+            transfer = transfers[rec.id]
+            if rec.id == min(r.id for r in transfer.records):
+                steps.append(("dma", transfer, deps, delay))
+        elif rec.kind == "kernel":
+            steps.append(("kernel", rec, deps, delay))
+            w = rec.work
+            op, node = str(w.get("op", rec.name)), str(w.get("node", rec.name))
+            attrs = {k: _attr(v) for k, v in (w.get("attrs") or {}).items()}
+            ins = [_spec(s) for s in w.get("inputs", [])]
+            outs = [_spec(s) for s in w.get("outputs", [])]
+            key = keys.setdefault((op, tuple(ins), tuple(outs), repr(sorted(attrs.items()))),
+                                  len(keys))
+            launches[rec.id] = (op, node, ins, outs, attrs, key)
+        else:
+            steps.append(("join", rec, deps, delay))
+            starts[rec.id] = tuple(d for d, why in edges if why != "completion")
+    prepared = _PREPARED[id(trace)] = _Prepared(tuple(steps), launches, starts)
     weakref.finalize(trace, _PREPARED.pop, id(trace), None)
     return prepared
 
@@ -197,9 +248,8 @@ class _Elastic:
     the device's simpy processes, so ties between records break as they do on the device."""
 
     def __init__(self, trace: Trace, config: DeviceConfig, split: SplitRule | None) -> None:
-        from ..kernels.registry import lookup
-
-        self.trace, self.config, self.lookup, self.split = trace, config, lookup, split
+        self.trace, self.config, self.split = trace, config, split
+        self.prepared = _prepare(trace)
         self.free_at = [0] * config.cores  # when each core is next free, as placed so far
         self.splits: dict[Any, int] = {}  # per distinct launch: its core split, its cost
         self.costs: dict[Any, Any] = {}
@@ -208,34 +258,27 @@ class _Elastic:
         self.cores = [Resource(clock) for _ in range(config.cores)]
         self.channels = Pool(clock, range(config.dma_channels))
         self.links = {"link": Resource(clock), "hbm": Resource(clock)}
-        self.done: dict[int, Event] = {}
         self.out: dict[int, TraceRecord] = {}
         self.extra: list[TraceRecord] = []
         self.next_id = max((r.id for r in trace.records), default=-1) + 1
         self.flags: list[str] = []
 
     def run(self) -> ReplayResult:
-        origin = self.trace.start
-        prepared = _prepare(self.trace)
-        groups = prepared["groups"]
-        replayed = prepared["edges"]
-        clock, done = self.clock, self.done
-        for rec in self.trace.records:
-            deps = [done[d] for d, _ in replayed[rec.id]]
-            recorded_ready = rec.ready if rec.ready >= 0 else rec.start
-            delay = 0 if rec.deps else max(recorded_ready - origin, 0)
-            if rec.kind == "dma":
-                group = groups[rec.id]
-                if rec.id == min(m.id for m in group):
-                    finished = Event()
-                    clock.at(0, partial(self._transfer, group, deps, delay, finished), URGENT)
-                    for member in group:
-                        done[member.id] = finished
-            elif rec.kind == "kernel":
-                done[rec.id] = finished = Event()
-                clock.at(0, partial(self._kernel, rec, deps, delay, finished), URGENT)
+        clock = self.clock
+        done: dict[int, Event] = {}
+        for kind, what, dep_ids, delay in self.prepared.steps:
+            deps = [done[d] for d in dep_ids]
+            if kind == "join":
+                done[what.id] = self._join(what, deps, delay)
+                continue
+            finished = Event()
+            if kind == "kernel":
+                done[what.id] = finished
+                clock.at(0, partial(self._kernel, what, deps, delay, finished), URGENT)
             else:
-                done[rec.id] = self._join(rec, deps, delay)
+                for member in what.records:
+                    done[member.id] = finished
+                clock.at(0, partial(self._transfer, what, deps, delay, finished), URGENT)
         try:
             clock.run()
         except NpuSimError as exc:
@@ -266,15 +309,9 @@ class _Elastic:
         """Run ``action`` ``delay`` cycles from now, then once ``deps`` have happened."""
         clock = self.clock
         if delay:
-            def waited() -> None:
-                if deps:
-                    all_of(clock, deps).then(action)
-                else:
-                    action()
-
-            clock.at(delay, waited)
+            clock.at(delay, partial(all_of, clock, deps, action) if deps else action)
         elif deps:
-            all_of(clock, deps).then(action)
+            all_of(clock, deps, action)
         else:
             action()
 
@@ -286,22 +323,22 @@ class _Elastic:
         if delay:
             timer = Event()
             clock.at(delay, timer.fire)
-            deps = [*deps, timer]
+            deps.append(timer)
         finished = Event()
 
         def finish() -> None:
             self.joined.append((rec, clock.now, delay))
-            clock.at(0, finished.fire)
+            clock.soon(finished.fire)
 
-        all_of(clock, deps).then(finish)
+        all_of(clock, deps, finish)
         return finished
 
     def _join_starts(self) -> None:
+        out, starts = self.out, self.prepared.starts
         for rec, end, delay in self.joined:
-            start = max([delay, *(self.out[d].end for d, why in rec.edges
-                                  if why not in NOT_REPLAYED and why != "completion"
-                                  and d in self.out)]) if rec.deps else delay
-            self.out[rec.id] = _moved(rec, start=start, end=end, submit=start, ready=start)
+            start = max([delay, *(out[d].end for d in starts[rec.id] if d in out)]) \
+                if rec.deps else delay
+            out[rec.id] = _moved(rec, start, end, start, start)
 
     def _core_ids(self, rec: TraceRecord, k: int | None) -> list[int]:
         """The cores of a launch: as recorded (clamped), or ``k`` placed by list scheduling
@@ -326,10 +363,8 @@ class _Elastic:
         submit = clock.now
 
         def ready() -> None:
-            from ..compute import price
-
             ready_at = clock.now
-            op, node, ins, outs, attrs, key = _prepare(self.trace)["launches"][rec.id]
+            op, node, ins, outs, attrs, key = self.prepared.launches[rec.id]
             k = None
             if self.split is not None:
                 k = self.splits.get(key)
@@ -339,11 +374,12 @@ class _Elastic:
             cost = self.costs.get((key, len(ids)))
             if cost is None:
                 cost = self.costs[(key, len(ids))] = price(
-                    self.config, self.lookup(op, node), op, node, ins, outs, attrs, len(ids))
+                    self.config, lookup(op, node), op, node, ins, outs, attrs, len(ids))
             cycles = int(cost.total_cycles)
-            begin = max([clock.now, *(self.free_at[c] for c in ids)])
+            free_at = self.free_at
+            begin = max([ready_at, *(free_at[c] for c in ids)])
             for c in ids:
-                self.free_at[c] = begin + cycles
+                free_at[c] = begin + cycles
             requests = [self.cores[c].request() for c in ids]
             each(requests, lambda: clock.at(cycles, partial(
                 self._kernel_end, rec, ids, cost, submit, ready_at, clock.now, finished)))
@@ -363,28 +399,22 @@ class _Elastic:
             work["energy"] = dict(energy)
         else:
             work.pop("energy", None)
-        self.out[rec.id] = _moved(rec, engine=f"core{ids[0]}", scope=f"npu.core{ids[0]}",
-                                  start=start, end=self.clock.now, work=work, submit=submit,
-                                  ready=ready)
-        self.clock.at(0, finished.fire)
+        self.out[rec.id] = _moved(rec, start, self.clock.now, submit, ready,
+                                  engine=f"core{ids[0]}", scope=f"npu.core{ids[0]}", work=work)
+        self.clock.soon(finished.fire)
 
-    def _transfer(self, group: list[TraceRecord], deps: list[Event], delay: int,
+    def _transfer(self, transfer: _Transfer, deps: list[Event], delay: int,
                   finished: Event) -> None:
         """A DMA transfer: wait for its dependencies, re-chunk it, start every chunk at once;
         it is done when its chunks are, in order (as the device reports completions)."""
-        from ..dma import chunk_plan
-
         clock = self.clock
         submit = clock.now
 
         def ready() -> None:
-            first = group[0]
             ready_at = clock.now
-            nbytes = int(first.work.get("transfer_bytes")
-                         or sum(r.work["bytes"] for r in group))
-            pieces = chunk_plan(self.config, nbytes)
+            pieces = chunk_plan(self.config, transfer.nbytes)
             # The last chunk keeps the id dependents name; others keep theirs or get fresh ones.
-            old = [r.id for r in group]
+            old = [r.id for r in transfer.records]
             fresh = list(range(self.next_id, self.next_id + max(len(pieces) - len(old), 0)))
             self.next_id += len(fresh)
             ids = (old[:-1] + fresh)[:len(pieces) - 1] + [old[-1]]
@@ -392,53 +422,47 @@ class _Elastic:
             for i, (off, n) in enumerate(pieces):
                 chunk = Event()
                 chunks.append(chunk)
-                clock.at(0, partial(self._chunk, group, ids[i], off, n, i, len(pieces),
+                clock.at(0, partial(self._chunk, transfer, ids[i], off, n, i, len(pieces),
                                     submit, ready_at, chunk), URGENT)
-            each(chunks, lambda: clock.at(0, finished.fire))
+            each(chunks, lambda: clock.soon(finished.fire))
 
         self._after(deps, delay, ready)
 
-    def _chunk(self, group, rid, off, n, index, count, submit, ready, finished) -> None:
+    def _chunk(self, transfer: _Transfer, rid: int, off: int, n: int, index: int, count: int,
+               submit: int, ready: int, finished: Event) -> None:
         """One chunk: take a channel, spend the setup on it, then hold the link (or the HBM
         port) for the chunk's bytes."""
-        from ..dma import chunk_energy, chunk_link
-
         clock, cfg = self.clock, self.config
         got = self.channels.get()
+        link, cycles = chunk_link(cfg, n, transfer.direction)
+        port = self.links[link]
+
+        def moved(start: int) -> None:
+            port.release()
+            ch = got.value
+            self.channels.put(ch)
+            first = transfer.records[0]
+            work = {**first.work, "bytes": n, "offset": off, "chunk": index, "chunks": count,
+                    "link": link, "energy": chunk_energy(cfg, n, transfer.direction == "d2d")}
+            rec = _moved(first, start, clock.now, submit, ready, rid=rid, engine=f"dma{ch}",
+                         scope=f"{transfer.scope}{ch}", work=work,
+                         name=transfer.name if count == 1 else f"{transfer.name}[{index}/{count}]")
+            if rid <= transfer.records[-1].id and any(r.id == rid for r in transfer.records):
+                self.out[rid] = rec
+            else:
+                self.extra.append(rec)
+            clock.soon(finished.fire)
 
         def granted() -> None:
             start = clock.now
-            first = group[0]
-            direction = first.work.get("direction", "h2d")
-            link, cycles = chunk_link(cfg, n, direction)
-            port = self.links[link]
-
-            def moved() -> None:
-                port.release()
-                ch = got.value
-                self.channels.put(ch)
-                base = first.name.split("[", 1)[0]
-                work = {**first.work, "bytes": n, "offset": off, "chunk": index,
-                        "chunks": count, "link": link,
-                        "energy": chunk_energy(cfg, n, direction == "d2d")}
-                rec = _moved(first, id=rid, engine=f"dma{ch}",
-                             scope=f"{first.scope.rstrip('0123456789')}{ch}",
-                             name=base if count == 1 else f"{base}[{index}/{count}]",
-                             start=start, end=clock.now, work=work, submit=submit, ready=ready)
-                if any(r.id == rid for r in group):
-                    self.out[rid] = rec
-                else:
-                    self.extra.append(rec)
-                clock.at(0, finished.fire)
-
             clock.at(cfg.dma_setup_cycles,
-                     lambda: port.request().then(lambda: clock.at(cycles, moved)))
+                     lambda: port.request().then(lambda: clock.at(cycles, partial(moved, start))))
 
         got.then(granted)
 
 
-def _transfers(records: tuple[TraceRecord, ...]) -> dict[int, list[TraceRecord]]:
-    """Record id -> the chunk records of its DMA transfer, in chunk order."""
+def _transfers(records: tuple[TraceRecord, ...]) -> dict[int, _Transfer]:
+    """Record id -> the DMA transfer it is a chunk of."""
     groups: dict[Any, list[TraceRecord]] = {}
     for r in records:
         if r.kind == "dma":
@@ -447,10 +471,10 @@ def _transfers(records: tuple[TraceRecord, ...]) -> dict[int, list[TraceRecord]]
             key = (r.work.get("transfer"), r.work.get("src"), r.work.get("dst"), r.deps) \
                 if "transfer" in r.work else ("chunk", r.id)
             groups.setdefault(key, []).append(r)
-    out: dict[int, list[TraceRecord]] = {}
+    out: dict[int, _Transfer] = {}
     for members in groups.values():
         members.sort(key=lambda r: (int(r.work.get("chunk", 0)), r.id))
+        transfer = _Transfer.of(members)
         for m in members:
-            out[m.id] = members
+            out[m.id] = transfer
     return out
-

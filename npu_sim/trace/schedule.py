@@ -9,8 +9,8 @@ channel or link first. This module keeps exactly simpy's rules and nothing else:
   order the actions were scheduled in;
 - an :class:`Event` happens once, when the clock reaches the action that fires it; whoever
   waits on it (:meth:`Event.then`) continues then, or at once if it has already happened;
-- :func:`all_of` is an event that happens one step after the last of several events (simpy's
-  ``AllOf``), which is why a record waiting on several others starts a step after them;
+- :func:`all_of` continues one step after the last of several events (simpy's ``AllOf``),
+  which is why a record waiting on others starts a step after the last of them ends;
 - a :class:`Resource` (a core, the host link, the HBM port) serves requests first come first
   served, as many at a time as its capacity; a released unit goes to the next request one
   step later, unless a new request arrives first and hands it over sooner (simpy's
@@ -39,26 +39,48 @@ NORMAL = 1
 
 
 class Clock:
-    """Actions in cycle order; in one cycle, urgent ones first, then in scheduling order."""
+    """Actions in cycle order; in one cycle, urgent ones first, then in scheduling order.
 
-    __slots__ = ("now", "_heap", "_seq")
+    Actions for a later cycle wait in a heap keyed by ``(cycle, sequence)``; actions for the
+    current cycle wait in two first-in first-out queues (urgent, normal). That is simpy's
+    ``(cycle, priority, sequence)`` order: whatever was scheduled for this cycle from an
+    earlier one has a lower sequence than anything scheduled during it."""
+
+    __slots__ = ("now", "_later", "_seq", "_urgent", "_normal", "soon")
 
     def __init__(self) -> None:
         self.now = 0
-        self._heap: list[tuple[int, int, int, Action]] = []
+        self._later: list[tuple[int, int, Action]] = []
         self._seq = 0
+        self._urgent: deque[Action] = deque()
+        self._normal: deque[Action] = deque()
+        self.soon: Callable[[Action], None] = self._normal.append
+        """Run an action later in this cycle (``at(0, action)``, the commonest step)."""
 
     def at(self, delay: int, action: Action, priority: int = NORMAL) -> None:
-        """Run ``action`` ``delay`` cycles from now."""
-        self._seq += 1
-        heappush(self._heap, (self.now + delay, priority, self._seq, action))
+        """Run ``action`` ``delay`` cycles from now (urgent only with no delay)."""
+        if delay:
+            self._seq += 1
+            heappush(self._later, (self.now + delay, self._seq, action))
+        elif priority == URGENT:
+            self._urgent.append(action)
+        else:
+            self._normal.append(action)
 
     def run(self) -> None:
         """Run every action, and the actions they schedule, until none is left."""
-        heap = self._heap
-        while heap:
-            self.now, _, _, action = heappop(heap)
-            action()
+        later, urgent, normal = self._later, self._urgent, self._normal
+        while True:
+            if urgent:
+                urgent.popleft()()
+            elif later and later[0][0] == self.now:
+                heappop(later)[2]()
+            elif normal:
+                normal.popleft()()
+            elif later:
+                self.now = later[0][0]
+            else:
+                return
 
 
 class Event:
@@ -84,23 +106,22 @@ class Event:
             self.waiters.append(action)
 
 
-def all_of(clock: Clock, events: Sequence[Event]) -> Event:
-    """An event that happens one step after all of ``events`` have (at once if none)."""
-    joined = Event()
+def all_of(clock: Clock, events: Sequence[Event], action: Action) -> None:
+    """Run ``action`` one step after all of ``events`` have happened (one step from now if
+    none): what follows a wait on several events (simpy's ``AllOf``)."""
     left = len(events)
     if not left:
-        clock.at(0, joined.fire)
-        return joined
+        clock.soon(action)
+        return
 
     def arrived() -> None:
         nonlocal left
         left -= 1
         if not left:
-            clock.at(0, joined.fire)
+            clock.soon(action)
 
     for event in events:
         event.then(arrived)
-    return joined
 
 
 def each(events: Sequence[Event], action: Action, first: int = 0) -> None:
@@ -134,12 +155,12 @@ class Resource:
     def release(self) -> None:
         """Give a unit back; the next request gets it one step later."""
         self.free += 1
-        self.clock.at(0, self._grant)
+        self.clock.soon(self._grant)
 
     def _grant(self) -> None:
         if self.queue and self.free:
             self.free -= 1
-            self.clock.at(0, self.queue.popleft().fire)
+            self.clock.soon(self.queue.popleft().fire)
 
 
 class Pool:
@@ -162,10 +183,10 @@ class Pool:
     def put(self, item: Any) -> None:
         """Return ``item``; the next request gets it one step later."""
         self.items.append(item)
-        self.clock.at(0, self._hand)
+        self.clock.soon(self._hand)
 
     def _hand(self) -> None:
         if self.queue and self.items:
             got = self.queue.popleft()
             got.value = self.items.pop(0)
-            self.clock.at(0, got.fire)
+            self.clock.soon(got.fire)
