@@ -28,7 +28,8 @@ import os
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
+from operator import itemgetter
 from typing import Any
 
 from ..compute import price
@@ -53,16 +54,23 @@ COMPILER_FIELDS = ("cores", "array_rows", "array_cols", "dataflow", "stationary_
 @dataclass(frozen=True)
 class ReplayResult:
     """What a replay found: ``makespan`` in cycles, busy cycles per engine, the re-timed
-    records (same ids; a re-chunked DMA transfer keeps its last chunk's id), any ``energy``
-    by component the cost model reported, and ``flags`` naming what replay could not know."""
+    :attr:`records`, any ``energy`` by component the cost model reported, and ``flags``
+    naming what replay could not know. ``timeline()`` builds the records; they are built when
+    first read, so a sweep, which reads only the figures, never pays for them."""
 
     mode: str
     config: DeviceConfig
     makespan: int
     busy: dict[str, int]
-    records: tuple[TraceRecord, ...]
+    timeline: Callable[[], tuple[TraceRecord, ...]] = field(repr=False, compare=False)
     flags: tuple[str, ...] = ()
     energy: dict[str, float] = field(default_factory=dict)
+
+    @cached_property
+    def records(self) -> tuple[TraceRecord, ...]:
+        """The re-timed records, in id order (same ids; a re-chunked DMA transfer keeps its
+        last chunk's id and its other chunks get fresh ones after the trace's last)."""
+        return self.timeline()
 
     @property
     def microseconds(self) -> float:
@@ -99,8 +107,9 @@ def replay(trace: Trace | str | os.PathLike[str], config: DeviceConfig | None = 
         raise TraceError("replay", f"config={config!r}; expected a DeviceConfig")
     if mode == "recorded":
         _check_timeline(trace)
-        return ReplayResult(mode, trace.config, trace.makespan, busy_cycles(trace.records),
-                            trace.records, (), _energy(trace.records))
+        records = trace.records
+        return ReplayResult(mode, trace.config, trace.makespan, busy_cycles(records),
+                            lambda: records, (), _energy(records))
     return _Elastic(trace, config, split).run()
 
 
@@ -242,6 +251,56 @@ def _prepare(trace: Trace) -> _Prepared:
     return prepared
 
 
+def _figures(entries: list[tuple]) -> tuple[dict[str, int], dict[str, float]]:
+    """Busy cycles per engine and energy by component of replay's entries (in id order), as
+    :func:`busy_cycles` and :func:`_energy` count them on the records."""
+    busy: dict[str, int] = {}
+    energy: dict[str, float] = {}
+    for e in entries:
+        kind = e[3]
+        if kind == "kernel":
+            for c in e[7]:
+                busy[f"core{c}"] = busy.get(f"core{c}", 0) + e[2] - e[1]
+            parts = getattr(e[8], "energy", None)
+        elif kind == "dma":
+            busy[f"dma{e[7]}"] = busy.get(f"dma{e[7]}", 0) + e[2] - e[1]
+            parts = e[13]
+        else:
+            parts = e[4].work.get("energy")
+        if parts:
+            for part, value in parts.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    energy[part] = energy.get(part, 0.0) + value
+    return busy, energy
+
+
+def _record(entry: tuple, config: DeviceConfig) -> TraceRecord:
+    """The re-timed record of one of replay's entries ``(id, start, end, kind, ...)``."""
+    rid, start, end, kind = entry[:4]
+    if kind == "kernel":
+        rec, submit, ready, ids, cost = entry[4:]
+        w = rec.work
+        work = {**w, "cores": len(ids), "core_ids": ids, "macs": int(cost.macs or 0),
+                "unit": getattr(cost, "engine", w.get("unit", "array")),
+                "hbm_bytes": int(getattr(cost, "hbm_bytes", 0) or 0)}
+        energy = getattr(cost, "energy", None)
+        if energy:
+            work["energy"] = dict(energy)
+        else:
+            work.pop("energy", None)
+        return _moved(rec, start, end, submit, ready, engine=f"core{ids[0]}",
+                      scope=f"npu.core{ids[0]}", work=work)
+    if kind == "dma":
+        transfer, submit, ready, ch, n, off, index, count, link, energy = entry[4:]
+        first = transfer.records[0]
+        work = {**first.work, "bytes": n, "offset": off, "chunk": index, "chunks": count,
+                "link": link, "energy": energy}
+        name = transfer.name if count == 1 else f"{transfer.name}[{index}/{count}]"
+        return _moved(first, start, end, submit, ready, rid=rid, engine=f"dma{ch}",
+                      scope=f"{transfer.scope}{ch}", name=name, work=work)
+    return _moved(entry[4], start, end, start, start)
+
+
 class _Elastic:
     """One elastic replay: the device's engines on a :mod:`.schedule` clock, fed the trace's
     work. Each kernel, DMA transfer and DMA chunk runs the same steps, in the same order, as
@@ -258,8 +317,9 @@ class _Elastic:
         self.cores = [Resource(clock) for _ in range(config.cores)]
         self.channels = Pool(clock, range(config.dma_channels))
         self.links = {"link": Resource(clock), "hbm": Resource(clock)}
-        self.out: dict[int, TraceRecord] = {}
-        self.extra: list[TraceRecord] = []
+        # What replay found, per record: (id, start, end, kind, ...), see _record.
+        self.out: dict[int, tuple] = {}
+        self.extra: list[tuple] = []
         self.next_id = max((r.id for r in trace.records), default=-1) + 1
         self.flags: list[str] = []
 
@@ -285,12 +345,15 @@ class _Elastic:
             raise TraceError("replay", f"cannot re-price the trace under {self.config.name!r}: "
                                        f"{exc}") from None
         self._join_starts()
-        records = sorted([*self.out.values(), *self.extra], key=lambda r: r.id)
-        makespan = max((r.end for r in records), default=0) - min(
-            (r.start for r in records), default=0)
+        entries = sorted([*self.out.values(), *self.extra], key=itemgetter(0))
+        makespan = max((e[2] for e in entries), default=0) - min(
+            (e[1] for e in entries), default=0)
         self._flag_compiler_choices()
-        return ReplayResult("elastic", self.config, makespan, busy_cycles(records),
-                            tuple(records), tuple(self.flags), _energy(records))
+        busy, energy = _figures(entries)
+        config = self.config
+        return ReplayResult("elastic", config, makespan, busy,
+                            lambda: tuple(_record(e, config) for e in entries),
+                            tuple(self.flags), energy)
 
     def _flag_compiler_choices(self) -> None:
         old, new = self.trace.config, self.config
@@ -336,9 +399,9 @@ class _Elastic:
     def _join_starts(self) -> None:
         out, starts = self.out, self.prepared.starts
         for rec, end, delay in self.joined:
-            start = max([delay, *(out[d].end for d in starts[rec.id] if d in out)]) \
+            start = max([delay, *(out[d][2] for d in starts[rec.id] if d in out)]) \
                 if rec.deps else delay
-            out[rec.id] = _moved(rec, start, end, start, start)
+            out[rec.id] = (rec.id, start, end, "join", rec)
 
     def _core_ids(self, rec: TraceRecord, k: int | None) -> list[int]:
         """The cores of a launch: as recorded (clamped), or ``k`` placed by list scheduling
@@ -390,17 +453,8 @@ class _Elastic:
                     start: int, finished: Event) -> None:
         for c in ids:
             self.cores[c].release()
-        w = rec.work
-        work = {**w, "cores": len(ids), "core_ids": ids, "macs": int(cost.macs or 0),
-                "unit": getattr(cost, "engine", w.get("unit", "array")),
-                "hbm_bytes": int(getattr(cost, "hbm_bytes", 0) or 0)}
-        energy = getattr(cost, "energy", None)
-        if energy:
-            work["energy"] = dict(energy)
-        else:
-            work.pop("energy", None)
-        self.out[rec.id] = _moved(rec, start, self.clock.now, submit, ready,
-                                  engine=f"core{ids[0]}", scope=f"npu.core{ids[0]}", work=work)
+        self.out[rec.id] = (rec.id, start, self.clock.now, "kernel", rec, submit, ready, ids,
+                            cost)
         self.clock.soon(finished.fire)
 
     def _transfer(self, transfer: _Transfer, deps: list[Event], delay: int,
@@ -441,16 +495,12 @@ class _Elastic:
             port.release()
             ch = got.value
             self.channels.put(ch)
-            first = transfer.records[0]
-            work = {**first.work, "bytes": n, "offset": off, "chunk": index, "chunks": count,
-                    "link": link, "energy": chunk_energy(cfg, n, transfer.direction == "d2d")}
-            rec = _moved(first, start, clock.now, submit, ready, rid=rid, engine=f"dma{ch}",
-                         scope=f"{transfer.scope}{ch}", work=work,
-                         name=transfer.name if count == 1 else f"{transfer.name}[{index}/{count}]")
+            entry = (rid, start, clock.now, "dma", transfer, submit, ready, ch, n, off, index,
+                     count, link, chunk_energy(cfg, n, transfer.direction == "d2d"))
             if rid <= transfer.records[-1].id and any(r.id == rid for r in transfer.records):
-                self.out[rid] = rec
+                self.out[rid] = entry
             else:
-                self.extra.append(rec)
+                self.extra.append(entry)
             clock.soon(finished.fire)
 
         def granted() -> None:
