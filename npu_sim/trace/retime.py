@@ -5,8 +5,9 @@
 - ``mode="recorded"`` returns the recorded records and makespan, after checking that every
   record starts after the dependencies it waited for ended (a hand-edited timeline fails);
 - ``mode="elastic"`` re-times every record with the device's own pricing on a fresh clock of
-  :mod:`.schedule` (simpy's event order without simpy's cost): each kernel through :func:`npu_sim.compute.price` (the kernel's cycles function or
-  :func:`npu_sim.cost.op_cost`) on the new core count, each DMA transfer re-chunked with
+  :mod:`.schedule` (simpy's event order without simpy's cost): each kernel through
+  :func:`npu_sim.compute.price` (the kernel's cycles function or :func:`npu_sim.cost.op_cost`)
+  on the new core count, each DMA transfer re-chunked with
   :func:`npu_sim.dma.chunk_plan` and each chunk timed with the channel setup and
   :func:`npu_sim.dma.chunk_link`, exactly as :mod:`npu_sim.dma` runs it (channels first come
   first served, one host link, one HBM port, in-order completion). Commands and host steps are
