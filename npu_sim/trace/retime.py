@@ -180,6 +180,7 @@ class _Transfer:
     needs (its bytes, direction, name and scope without the chunk or channel number)."""
 
     records: tuple[TraceRecord, ...]
+    ids: frozenset[int]
     nbytes: int
     direction: str
     name: str
@@ -189,8 +190,9 @@ class _Transfer:
     def of(cls, records: list[TraceRecord]) -> _Transfer:
         first = records[0]
         nbytes = int(first.work.get("transfer_bytes") or sum(r.work["bytes"] for r in records))
-        return cls(tuple(records), nbytes, first.work.get("direction", "h2d"),
-                   first.name.split("[", 1)[0], first.scope.rstrip("0123456789"))
+        return cls(tuple(records), frozenset(r.id for r in records), nbytes,
+                   first.work.get("direction", "h2d"), first.name.split("[", 1)[0],
+                   first.scope.rstrip("0123456789"))
 
 
 @dataclass(frozen=True)
@@ -257,12 +259,15 @@ def _figures(entries: list[tuple]) -> tuple[dict[str, int], dict[str, float]]:
     :func:`busy_cycles` and :func:`_energy` count them on the records."""
     busy: dict[str, int] = {}
     energy: dict[str, float] = {}
+    launch_energy: dict[int, Any] = {}  # a launch's energy, read once per distinct cost
     for e in entries:
         kind = e[3]
         if kind == "kernel":
             for c in e[7]:
                 busy[f"core{c}"] = busy.get(f"core{c}", 0) + e[2] - e[1]
-            parts = getattr(e[8], "energy", None)
+            parts = launch_energy.get(id(e[8]))
+            if parts is None:
+                parts = launch_energy[id(e[8])] = dict(getattr(e[8], "energy", None) or {})
         elif kind == "dma":
             busy[f"dma{e[7]}"] = busy.get(f"dma{e[7]}", 0) + e[2] - e[1]
             parts = e[13]
@@ -411,8 +416,8 @@ class _Elastic:
         total = self.config.cores
         if k is not None and (k != len(recorded) or total != self.trace.config.cores):
             now = self.clock.now
-            order = sorted(range(total), key=lambda c: (max(self.free_at[c], now), c))
-            return sorted(order[:k])
+            free = [max(at, now) for at in self.free_at]
+            return sorted(sorted(range(total), key=free.__getitem__)[:k])  # stable: ties by core
         if len(recorded) >= self.trace.config.cores:
             return list(range(total))
         k = min(len(recorded), total)
@@ -498,7 +503,7 @@ class _Elastic:
             self.channels.put(ch)
             entry = (rid, start, clock.now, "dma", transfer, submit, ready, ch, n, off, index,
                      count, link, chunk_energy(cfg, n, transfer.direction == "d2d"))
-            if rid <= transfer.records[-1].id and any(r.id == rid for r in transfer.records):
+            if rid in transfer.ids:
                 self.out[rid] = entry
             else:
                 self.extra.append(entry)
