@@ -259,25 +259,29 @@ def _figures(entries: list[tuple]) -> tuple[dict[str, int], dict[str, float]]:
     :func:`busy_cycles` and :func:`_energy` count them on the records."""
     busy: dict[str, int] = {}
     energy: dict[str, float] = {}
-    launch_energy: dict[int, Any] = {}  # a launch's energy, read once per distinct cost
+    numeric: dict[int, list] = {}  # each distinct launch cost's numbers, picked out once
     for e in entries:
         kind = e[3]
         if kind == "kernel":
             for c in e[7]:
                 busy[f"core{c}"] = busy.get(f"core{c}", 0) + e[2] - e[1]
-            parts = launch_energy.get(id(e[8]))
-            if parts is None:
-                parts = launch_energy[id(e[8])] = dict(getattr(e[8], "energy", None) or {})
+            values = numeric.get(id(e[8]))  # the cost lives in the entry: its id is its own
+            if values is None:
+                values = numeric[id(e[8])] = _numbers(getattr(e[8], "energy", None))
         elif kind == "dma":
             busy[f"dma{e[7]}"] = busy.get(f"dma{e[7]}", 0) + e[2] - e[1]
-            parts = e[13]
+            values = e[13].items()  # chunk_energy: numbers only
         else:
-            parts = e[4].work.get("energy")
-        if parts:
-            for part, value in parts.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    energy[part] = energy.get(part, 0.0) + value
+            values = _numbers(e[4].work.get("energy"))
+        for part, value in values:
+            energy[part] = energy.get(part, 0.0) + value
     return busy, energy
+
+
+def _numbers(parts: Any) -> list[tuple[str, Any]]:
+    """The ``(component, number)`` pairs of an energy mapping (other values are skipped)."""
+    return [(part, value) for part, value in (parts or {}).items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)]
 
 
 def _record(entry: tuple, config: DeviceConfig) -> TraceRecord:
