@@ -4,9 +4,10 @@
 
 - ``mode="recorded"`` returns the recorded records and makespan, after checking that every
   record starts after the dependencies it waited for ended (a hand-edited timeline fails);
-- ``mode="elastic"`` re-times every record with the device's own pricing on a fresh simpy
-  clock: each kernel through :func:`npu_sim.compute.price` (the kernel's cycles function or
-  :func:`npu_sim.cost.op_cost`) on the new core count, each DMA transfer re-chunked with
+- ``mode="elastic"`` (:mod:`.elastic`) re-times every record with the device's own pricing on
+  a fresh clock of :mod:`.schedule` (simpy's event order without simpy's cost): each kernel through
+  :func:`npu_sim.compute.price` (the kernel's cycles function or :func:`npu_sim.cost.op_cost`)
+  on the new core count, each DMA transfer re-chunked with
   :func:`npu_sim.dma.chunk_plan` and each chunk timed with the channel setup and
   :func:`npu_sim.dma.chunk_link`, exactly as :mod:`npu_sim.dma` runs it (channels first come
   first served, one host link, one HBM port, in-order completion). Commands and host steps are
@@ -25,41 +26,42 @@ that free up first, by list scheduling as the compiler places launches.
 from __future__ import annotations
 
 import os
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import simpy
+from functools import cached_property
 
 from ..config import DeviceConfig
-from ..dtypes import TensorSpec
-from ..errors import NpuSimError, TraceError
+from ..errors import TraceError
+from .elastic import COMPILER_FIELDS, NOT_REPLAYED, SplitRule, retime
 from .format import Trace, load
 from .recorder import TraceRecord
 
-MODES = ("recorded", "elastic")
-NOT_REPLAYED = frozenset({"engine", "order"})
-"""Edge tags elastic replay drops: the new config's engine capacity re-derives them."""
+__all__ = ["COMPILER_FIELDS", "MODES", "NOT_REPLAYED", "ReplayResult", "SplitRule", "busy_cycles",
+           "replay"]
 
-COMPILER_FIELDS = ("cores", "array_rows", "array_cols", "dataflow", "stationary_load",
-                   "sram_bytes_per_core", "vector_lanes")
-"""Config fields the compiler's core split, placement and tiling depend on."""
+MODES = ("recorded", "elastic")
 
 
 @dataclass(frozen=True)
 class ReplayResult:
     """What a replay found: ``makespan`` in cycles, busy cycles per engine, the re-timed
-    records (same ids; a re-chunked DMA transfer keeps its last chunk's id), any ``energy``
-    by component the cost model reported, and ``flags`` naming what replay could not know."""
+    :attr:`records`, any ``energy`` by component the cost model reported, and ``flags``
+    naming what replay could not know. ``timeline()`` builds the records; they are built when
+    first read, so a sweep, which reads only the figures, never pays for them."""
 
     mode: str
     config: DeviceConfig
     makespan: int
     busy: dict[str, int]
-    records: tuple[TraceRecord, ...]
+    timeline: Callable[[], tuple[TraceRecord, ...]] = field(repr=False, compare=False)
     flags: tuple[str, ...] = ()
     energy: dict[str, float] = field(default_factory=dict)
+
+    @cached_property
+    def records(self) -> tuple[TraceRecord, ...]:
+        """The re-timed records, in id order (same ids; a re-chunked DMA transfer keeps its
+        last chunk's id and its other chunks get fresh ones after the trace's last)."""
+        return self.timeline()
 
     @property
     def microseconds(self) -> float:
@@ -78,11 +80,6 @@ class ReplayResult:
                      {**source.meta, "replayed_from": source.config.digest, "mode": self.mode})
 
 
-SplitRule = Callable[[DeviceConfig, str, list, list, dict], int]
-"""``split(config, op, in_specs, out_specs, attrs)``: how many cores the compiler gives a
-launch under ``config``."""
-
-
 def replay(trace: Trace | str | os.PathLike[str], config: DeviceConfig | None = None,
            mode: str = "recorded", *, split: SplitRule | None = None) -> ReplayResult:
     """Replay ``trace`` (loaded or a path) under ``config`` (default: the recording's);
@@ -96,9 +93,10 @@ def replay(trace: Trace | str | os.PathLike[str], config: DeviceConfig | None = 
         raise TraceError("replay", f"config={config!r}; expected a DeviceConfig")
     if mode == "recorded":
         _check_timeline(trace)
-        return ReplayResult(mode, trace.config, trace.makespan, busy_cycles(trace.records),
-                            trace.records, (), _energy(trace.records))
-    return _Elastic(trace, config, split).run()
+        records = trace.records
+        return ReplayResult(mode, trace.config, trace.makespan, busy_cycles(records),
+                            lambda: records, (), _energy(records))
+    return ReplayResult("elastic", config, *retime(trace, config, split))
 
 
 def busy_cycles(records: tuple[TraceRecord, ...] | list[TraceRecord]) -> dict[str, int]:
@@ -116,9 +114,11 @@ def busy_cycles(records: tuple[TraceRecord, ...] | list[TraceRecord]) -> dict[st
 def _energy(records) -> dict[str, float]:
     total: dict[str, float] = {}
     for r in records:
-        for part, value in (r.work.get("energy") or {}).items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                total[part] = total.get(part, 0.0) + value
+        energy = r.work.get("energy")
+        if energy:
+            for part, value in energy.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    total[part] = total.get(part, 0.0) + value
     return total
 
 
@@ -137,277 +137,3 @@ def _check_timeline(trace: Trace) -> None:
                                                      f"cycle {limit}, before its {why} dependency"
                                                      f" {d} ({dep.name!r}) ends at {dep.end}; "
                                                      "the timeline was edited")
-
-
-def _spec(entry: Any) -> TensorSpec | None:
-    if entry is None:
-        return None
-    shape, dtype = entry
-    return TensorSpec(tuple(int(x) for x in shape), str(dtype))
-
-
-def _attr(value: Any) -> Any:
-    return tuple(_attr(v) for v in value) if isinstance(value, list) else value
-
-
-def _moved(rec: TraceRecord, **changes: Any) -> TraceRecord:
-    """``dataclasses.replace`` for the fields replay changes, at a fraction of its cost."""
-    get = changes.get
-    return TraceRecord(get("id", rec.id), rec.kind, get("engine", rec.engine),
-                       get("scope", rec.scope), get("name", rec.name), changes["start"],
-                       changes["end"], rec.deps, get("work", rec.work), rec.why,
-                       changes["submit"], changes["ready"])
-
-
-_PREPARED: dict[int, dict[str, Any]] = {}
-
-
-def _prepare(trace: Trace) -> dict[str, Any]:
-    """What every replay of ``trace`` needs, worked out once per trace (a sweep replays one
-    trace many times): ``groups`` (the chunks of each DMA transfer), ``edges`` (each record's
-    replayed dependencies) and ``launches`` (each kernel's ``(op, node, in_specs, out_specs,
-    attrs, key)``, where ``key`` is one small int per distinct op, operands and attributes)."""
-    prepared = _PREPARED.get(id(trace))
-    if prepared is not None:
-        return prepared
-    keys: dict[tuple, int] = {}
-    launches: dict[int, tuple] = {}
-    for rec in trace.records:
-        if rec.kind != "kernel":
-            continue
-        w = rec.work
-        op, node = str(w.get("op", rec.name)), str(w.get("node", rec.name))
-        attrs = {k: _attr(v) for k, v in (w.get("attrs") or {}).items()}
-        ins = [_spec(s) for s in w.get("inputs", [])]
-        outs = [_spec(s) for s in w.get("outputs", [])]
-        key = keys.setdefault((op, tuple(ins), tuple(outs), repr(sorted(attrs.items()))),
-                              len(keys))
-        launches[rec.id] = (op, node, ins, outs, attrs, key)
-    prepared = _PREPARED[id(trace)] = {
-        "groups": _transfers(trace.records), "launches": launches,
-        "edges": {r.id: [(d, why) for d, why in r.edges if why not in NOT_REPLAYED]
-                  for r in trace.records}}
-    weakref.finalize(trace, _PREPARED.pop, id(trace), None)
-    return prepared
-
-
-class _Elastic:
-    """One elastic replay: a simpy model of the device's engines, fed the trace's work."""
-
-    def __init__(self, trace: Trace, config: DeviceConfig, split: SplitRule | None) -> None:
-        from ..kernels.registry import lookup
-
-        self.trace, self.config, self.lookup, self.split = trace, config, lookup, split
-        self.free_at = [0] * config.cores  # when each core is next free, as placed so far
-        self.splits: dict[Any, int] = {}  # per distinct launch: its core split, its cost
-        self.costs: dict[Any, Any] = {}
-        self.joined: list[tuple[TraceRecord, int, int]] = []
-        self.env = simpy.Environment()
-        self.cores = [simpy.Resource(self.env, 1) for _ in range(config.cores)]
-        self.channels = simpy.Store(self.env, capacity=config.dma_channels)
-        self.channels.items.extend(range(config.dma_channels))
-        self.links = {"link": simpy.Resource(self.env, 1), "hbm": simpy.Resource(self.env, 1)}
-        self.done: dict[int, simpy.Event] = {}
-        self.out: dict[int, TraceRecord] = {}
-        self.extra: list[TraceRecord] = []
-        self.next_id = max((r.id for r in trace.records), default=-1) + 1
-        self.flags: list[str] = []
-
-    def run(self) -> ReplayResult:
-        origin = self.trace.start
-        prepared = _prepare(self.trace)
-        groups = prepared["groups"]
-        replayed = prepared["edges"]
-        for rec in self.trace.records:
-            edges = [(self.done[d], why) for d, why in replayed[rec.id]]
-            recorded_ready = rec.ready if rec.ready >= 0 else rec.start
-            delay = 0 if rec.deps else max(recorded_ready - origin, 0)
-            if rec.kind == "dma":
-                group = groups[rec.id]
-                if rec.id == min(m.id for m in group):
-                    ev = self.env.process(self._transfer(group, [e for e, _ in edges], delay))
-                    for member in group:
-                        self.done[member.id] = ev
-            elif rec.kind == "kernel":
-                self.done[rec.id] = self.env.process(
-                    self._kernel(rec, [e for e, _ in edges], delay))
-            else:
-                self.done[rec.id] = self._join(rec, edges, delay)
-        try:
-            self.env.run()
-        except NpuSimError as exc:
-            raise TraceError("replay", f"cannot re-price the trace under {self.config.name!r}: "
-                                       f"{exc}") from None
-        self._join_starts()
-        records = sorted([*self.out.values(), *self.extra], key=lambda r: r.id)
-        makespan = max((r.end for r in records), default=0) - min(
-            (r.start for r in records), default=0)
-        self._flag_compiler_choices()
-        return ReplayResult("elastic", self.config, makespan, busy_cycles(records),
-                            tuple(records), tuple(self.flags), _energy(records))
-
-    def _flag_compiler_choices(self) -> None:
-        old, new = self.trace.config, self.config
-        changed = [f for f in COMPILER_FIELDS if getattr(old, f) != getattr(new, f)]
-        if changed and self.split is not None:
-            self.flags.append(
-                f"compiler-dependent: {', '.join(changed)} changed; core splits re-decided by "
-                "the given split rule and placed by list scheduling; SRAM tiling as recorded")
-        elif changed:
-            self.flags.append(
-                f"compiler-dependent: {', '.join(changed)} changed; the compiler chose each "
-                "launch's core split, placement and tiling for the recorded config and might "
-                "choose differently for this one (replay keeps the recorded choices)")
-
-    def _wait(self, deps, delay):
-        if delay:
-            yield self.env.timeout(delay)
-        if deps:
-            yield simpy.AllOf(self.env, deps)
-
-    def _join(self, rec: TraceRecord, edges, delay) -> simpy.Event:
-        """A command or host step: done when everything it waited for is. It started once
-        its dependencies other than ``completion`` (the work it completes with) were done;
-        that start is filled in after the run (:meth:`_join_starts`)."""
-        events = [e for e, _ in edges]
-        if delay:
-            events.append(self.env.timeout(delay))
-        # A plain event stands for the join: dependents waiting on a Condition would make simpy
-        # rebuild the nested conditions' values at every level.
-        done = self.env.event()
-
-        def finish(_: simpy.Event) -> None:
-            self.joined.append((rec, int(self.env.now), delay))
-            done.succeed()
-
-        simpy.AllOf(self.env, events).callbacks.append(finish)
-        return done
-
-    def _join_starts(self) -> None:
-        for rec, end, delay in self.joined:
-            start = max([delay, *(self.out[d].end for d, why in rec.edges
-                                  if why not in NOT_REPLAYED and why != "completion"
-                                  and d in self.out)]) if rec.deps else delay
-            self.out[rec.id] = _moved(rec, start=start, end=end, submit=start, ready=start)
-
-    def _core_ids(self, rec: TraceRecord, k: int | None) -> list[int]:
-        """The cores of a launch: as recorded (clamped), or ``k`` placed by list scheduling
-        when the split rule changed the recorded count."""
-        recorded = [int(c) for c in rec.work.get("core_ids") or [0]]
-        total = self.config.cores
-        if k is not None and (k != len(recorded) or total != self.trace.config.cores):
-            now = self.env.now
-            order = sorted(range(total), key=lambda c: (max(self.free_at[c], now), c))
-            return sorted(order[:k])
-        if len(recorded) >= self.trace.config.cores:
-            return list(range(total))
-        k = min(len(recorded), total)
-        ids = [c for c in recorded if c < total][:k]
-        ids += [c for c in range(total) if c not in ids][:k - len(ids)]
-        return sorted(ids)
-
-    def _kernel(self, rec: TraceRecord, deps, delay):
-        from ..compute import price
-
-        submit = int(self.env.now)
-        yield from self._wait(deps, delay)
-        ready = int(self.env.now)
-        w = rec.work
-        launch = _prepare(self.trace)["launches"][rec.id]
-        op, node, ins, outs, attrs, key = launch
-        k = None
-        if self.split is not None:
-            k = self.splits.get(key)
-            if k is None:
-                k = self.splits[key] = int(self.split(self.config, op, ins, outs, attrs))
-        ids = self._core_ids(rec, k)
-        cost = self.costs.get((key, len(ids)))
-        if cost is None:
-            cost = self.costs[(key, len(ids))] = price(
-                self.config, self.lookup(op, node), op, node, ins, outs, attrs, len(ids))
-        begin = max([self.env.now, *(self.free_at[c] for c in ids)])
-        for c in ids:
-            self.free_at[c] = begin + int(cost.total_cycles)
-        requests = [self.cores[c].request() for c in ids]
-        for req in requests:
-            yield req
-        start = int(self.env.now)
-        yield self.env.timeout(int(cost.total_cycles))
-        for c, req in zip(ids, requests, strict=True):
-            self.cores[c].release(req)
-        work = {**w, "cores": len(ids), "core_ids": ids, "macs": int(cost.macs or 0),
-                "unit": getattr(cost, "engine", w.get("unit", "array")),
-                "hbm_bytes": int(getattr(cost, "hbm_bytes", 0) or 0)}
-        energy = getattr(cost, "energy", None)
-        if energy:
-            work["energy"] = dict(energy)
-        else:
-            work.pop("energy", None)
-        self.out[rec.id] = _moved(rec, engine=f"core{ids[0]}",
-                                               scope=f"npu.core{ids[0]}", start=start,
-                                               end=int(self.env.now), work=work,
-                                               submit=submit, ready=ready)
-
-    def _transfer(self, group: list[TraceRecord], deps, delay):
-        from ..dma import chunk_plan
-
-        first = group[0]
-        submit = int(self.env.now)
-        yield from self._wait(deps, delay)
-        ready = int(self.env.now)
-        nbytes = int(first.work.get("transfer_bytes") or sum(r.work["bytes"] for r in group))
-        pieces = chunk_plan(self.config, nbytes)
-        # The last chunk keeps the id dependents name; others keep theirs or get fresh ones.
-        old = [r.id for r in group]
-        fresh = list(range(self.next_id, self.next_id + max(len(pieces) - len(old), 0)))
-        self.next_id += len(fresh)
-        ids = (old[:-1] + fresh)[:len(pieces) - 1] + [old[-1]]
-        chunks = [self.env.process(self._chunk(first, group, ids[i], off, n, i, len(pieces),
-                                               submit, ready))
-                  for i, (off, n) in enumerate(pieces)]
-        yield from chunks  # completions in order, as the device reports them
-
-    def _chunk(self, first, group, rid, off, n, index, count, submit, ready):
-        from ..dma import chunk_energy, chunk_link
-
-        env, cfg = self.env, self.config
-        ch = yield self.channels.get()
-        start = int(env.now)
-        yield env.timeout(cfg.dma_setup_cycles)
-        direction = first.work.get("direction", "h2d")
-        link, cycles = chunk_link(cfg, n, direction)
-        with self.links[link].request() as req:
-            yield req
-            yield env.timeout(cycles)
-        self.channels.put(ch)
-        base = first.name.split("[", 1)[0]
-        work = {**first.work, "bytes": n, "offset": off, "chunk": index, "chunks": count,
-                "link": link, "energy": chunk_energy(cfg, n, direction == "d2d")}
-        rec = _moved(first, id=rid, engine=f"dma{ch}",
-                                  scope=f"{first.scope.rstrip('0123456789')}{ch}",
-                                  name=base if count == 1 else f"{base}[{index}/{count}]",
-                                  start=start, end=int(env.now), work=work, submit=submit,
-                                  ready=ready)
-        if any(r.id == rid for r in group):
-            self.out[rid] = rec
-        else:
-            self.extra.append(rec)
-
-
-def _transfers(records: tuple[TraceRecord, ...]) -> dict[int, list[TraceRecord]]:
-    """Record id -> the chunk records of its DMA transfer, in chunk order."""
-    groups: dict[Any, list[TraceRecord]] = {}
-    for r in records:
-        if r.kind == "dma":
-            # The chunks of one transfer share its number, addresses and dependencies (a run
-            # re-emitted later has other dependencies, so its transfers stay its own).
-            key = (r.work.get("transfer"), r.work.get("src"), r.work.get("dst"), r.deps) \
-                if "transfer" in r.work else ("chunk", r.id)
-            groups.setdefault(key, []).append(r)
-    out: dict[int, list[TraceRecord]] = {}
-    for members in groups.values():
-        members.sort(key=lambda r: (int(r.work.get("chunk", 0)), r.id))
-        for m in members:
-            out[m.id] = members
-    return out
-
