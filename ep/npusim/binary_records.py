@@ -197,7 +197,7 @@ class Decoder:
                 f"the commands section ({len(self.commands_view)} bytes)"
             )
         cur.need(n_tensors * L.TENSOR.size, f"{n_tensors} tensors")
-        tensors = tuple(self.tensor(cur, i) for i in range(n_tensors))
+        tensors = self.tensors(cur, n_tensors)
         inputs = self.indices(cur, n_inputs, n_tensors, 0, "input tensor index")
         outputs = self.indices(cur, n_outputs, n_tensors, 0, "output tensor index")
         cur.need(n_weights * L.WEIGHT.size, f"{n_weights} weights")
@@ -216,7 +216,7 @@ class Decoder:
                 weights[index] = self.external_blob(source, offset, length, where)
                 self.sources.setdefault(name, {})[index] = source - 1
         cur.need(n_launches * L.LAUNCH.size, f"{n_launches} launches")
-        launches = tuple(self.launch(cur, i, n_tensors) for i in range(n_launches))
+        launches = self.launches(cur, n_launches, n_tensors)
         cur.finish()
         return Program(
             name=name, tensors=tensors, launches=launches,
@@ -247,6 +247,74 @@ class Decoder:
         self.blobs.add((source, offset, length))
         self.references.append(length)
         return self.external[source - 1]
+
+    # Tables are read by a fast loop that checks everything but names nothing; at the first
+    # record it finds wrong (or any it does not handle) the record-by-record reader below takes
+    # over from that record and reports what is wrong (a small model's load spent ~1 ms on
+    # building the readers' labels and calls).
+
+    def tensors(self, cur: _Cursor, count: int) -> tuple[TensorDesc, ...]:
+        view, strings, regions, names = cur.view, self.strings, _REGIONS, dtypes.DTYPES
+        unpack, size, out = L.TENSOR.unpack_from, L.TENSOR.size, []
+        try:
+            for _ in range(count):
+                name_id, dtype_code, region_code, rank, offset = unpack(view, cur.pos)
+                shape = struct.unpack_from(f"<{rank}Q", view, cur.pos + size)
+                out.append(TensorDesc(strings[name_id], shape, names[dtype_code],
+                                      regions[region_code], offset))
+                cur.pos += size + 8 * rank
+        except (struct.error, IndexError, KeyError):
+            out.extend(self.tensor(cur, i) for i in range(len(out), count))
+        return tuple(out)
+
+    def launches(self, cur: _Cursor, count: int, n_tensors: int) -> tuple[KernelLaunch, ...]:
+        out: list[KernelLaunch] = []
+        try:
+            for _ in range(count):
+                out.append(self._launch_unnamed(cur, n_tensors))
+        except (struct.error, IndexError, ValueError):
+            out.extend(self.launch(cur, i, n_tensors) for i in range(len(out), count))
+        return tuple(out)
+
+    def _launch_unnamed(self, cur: _Cursor, n_tensors: int) -> KernelLaunch:
+        """One launch of the common kinds (attributes INT, FLOAT, STRING, INTS, FLOATS), or
+        ValueError / IndexError / struct.error with ``cur`` left at its start."""
+        view, strings, pos = cur.view, self.strings, cur.pos
+        op_id, node_id, n_in, n_out, n_attrs = L.LAUNCH.unpack_from(view, pos)
+        pos += L.LAUNCH.size
+        inputs = struct.unpack_from(f"<{n_in}i", view, pos)
+        outputs = struct.unpack_from(f"<{n_out}i", view, pos + 4 * n_in)
+        pos += 4 * (n_in + n_out)
+        for ids in (inputs, outputs):
+            if ids and (min(ids) < -1 or max(ids) >= n_tensors):
+                raise ValueError("tensor index out of range")
+        attrs: dict[str, AttrValue] = {}
+        for _ in range(n_attrs):
+            name_id, tag = L.ATTR.unpack_from(view, pos)
+            name = strings[name_id]
+            pos += L.ATTR.size
+            if name in attrs:
+                raise ValueError("attribute repeated")
+            if tag == _INT:
+                attrs[name] = L.I64.unpack_from(view, pos)[0]
+                pos += 8
+            elif tag == _FLOAT:
+                attrs[name] = L.F64.unpack_from(view, pos)[0]
+                pos += 8
+            elif tag == _STRING:
+                attrs[name] = strings[L.COUNT.unpack_from(view, pos)[0]]
+                pos += 4
+            elif tag == _INTS or tag == _FLOATS:
+                (n,) = L.COUNT.unpack_from(view, pos)
+                attrs[name] = struct.unpack_from(f"<{n}{'q' if tag == _INTS else 'd'}", view,
+                                                 pos + 4)
+                pos += 4 + 8 * n
+            else:
+                raise ValueError("attribute of another kind")
+        launch = KernelLaunch(op=strings[op_id], inputs=inputs, outputs=outputs, attrs=attrs,
+                              node=strings[node_id])
+        cur.pos = pos
+        return launch
 
     def tensor(self, cur: _Cursor, i: int) -> TensorDesc:
         name_id, dtype_code, region_code, rank, offset = cur.take(L.TENSOR, "tensor {}", i)
