@@ -174,6 +174,9 @@ def pack(commands: Sequence[Command]) -> bytes:
     return b"".join(encode(c) for c in commands)
 
 
+_OPCODES = {int(o): o for o in Opcode}
+
+
 def decode(data: bytes | bytearray | memoryview, offset: int = 0) -> Command:
     """Decode the descriptor at ``offset``; malformed bytes raise InvalidCommand with the offset."""
     if offset < 0 or offset + COMMAND_BYTES > len(data):
@@ -185,10 +188,10 @@ def decode(data: bytes | bytearray | memoryview, offset: int = 0) -> Command:
     def bad(at: int, what: str) -> InvalidCommand:
         return InvalidCommand(_SCOPE, f"descriptor at byte {offset} (byte {offset + at}): {what}")
 
-    if opcode not in _CLASSES.keys():
+    op = _OPCODES.get(opcode)
+    if op is None or op not in _CLASSES:
         valid = ", ".join(f"{o.value}={o.name}" for o in Opcode)
         raise bad(0, f"unknown opcode {opcode}; valid opcodes: {valid}")
-    op = Opcode(opcode)
     if flags:
         raise bad(1, f"flags={flags:#x}; the flags byte is reserved and must be 0")
     if ndeps > MAX_DEPS:
@@ -211,10 +214,10 @@ def decode(data: bytes | bytearray | memoryview, offset: int = 0) -> Command:
     else:
         used = 0
         result = _CLASSES[op](cmd_id, deps=dep_ids)
-    for i in range(used, len(payload)):
-        if payload[i]:
-            raise bad(_PAYLOAD_AT + i, f"reserved payload byte {i} of {op.name} holds "
-                      f"{payload[i]:#04x}; it must be 0")
+    if payload.count(0, used) != len(payload) - used:  # a scan in C; the loop names the byte
+        i = next(i for i in range(used, len(payload)) if payload[i])
+        raise bad(_PAYLOAD_AT + i, f"reserved payload byte {i} of {op.name} holds "
+                  f"{payload[i]:#04x}; it must be 0")
     return result
 
 
