@@ -9,6 +9,8 @@ Failures raise :class:`ep.errors.InvalidGraph` naming the graph and record.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import struct
 from collections.abc import Mapping
 
@@ -86,6 +88,14 @@ def _parse_strings(view: memoryview) -> list[str]:
     cur = _Cursor(view, "section strings")
     (count,) = cur.take(L.STR_COUNT, "string count")
     lengths = cur.array("I", count, "string length")
+    ends = list(itertools.accumulate(lengths))
+    if not ends or ends[-1] <= len(view) - cur.pos:  # all there: one copy, sliced
+        raw = cur.raw(ends[-1] if ends else 0, "strings")
+        with contextlib.suppress(UnicodeDecodeError):  # else the loop names the string
+            strings = [raw[a:b].decode("utf-8") for a, b in itertools.pairwise([0, *ends])]
+            cur.finish()
+            return strings
+        cur.pos -= len(raw)
     strings = []
     for i, length in enumerate(lengths):
         raw = cur.raw(length, f"string {i}")

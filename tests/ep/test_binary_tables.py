@@ -30,10 +30,10 @@ def packed(prog: Program) -> bytes:
     return pack_context([prog], hardware_architecture="npu-m")
 
 
-def patched(data: bytes, offset: int, fmt: str, value: int) -> bytes:
-    """``data`` with ``value`` at ``offset`` into the programs section, checksums resealed."""
+def patched(data: bytes, offset: int, fmt: str, value: int, kind: str = "programs") -> bytes:
+    """``data`` with ``value`` at ``offset`` into section ``kind``, checksums resealed."""
     binary = ContextBinary.from_bytes(data)
-    section = next(s for s in binary.sections if s.kind_name == "programs")
+    section = next(s for s in binary.sections if s.kind_name == kind)
     out = bytearray(data)
     struct.pack_into(fmt, out, section.offset + offset, value)
     fields = L.HEADER.unpack_from(out, 0)
@@ -94,4 +94,13 @@ def test_a_wrong_tensor_after_a_good_one_is_named():
     data = patched(packed(program()), L.PROGRAM.size + L.TENSOR.size + 16 + 5, "<B", 9)
     with pytest.raises(InvalidGraph, match=r"graph 'g', tensor 1: dtype code \d+ or region 9 is "
                                            "unknown"):
+        ContextBinary.from_bytes(data)
+
+
+def test_a_string_that_is_not_utf8_is_named():
+    data = packed(program())
+    strings = next(s for s in ContextBinary.from_bytes(data).sections if s.kind_name == "strings")
+    count, first = struct.unpack_from("<II", data, strings.offset)
+    data = patched(data, 4 + 4 * count + first, "<B", 0xFF, kind="strings")
+    with pytest.raises(InvalidGraph, match=r"section strings: string 1 is not valid UTF-8"):
         ContextBinary.from_bytes(data)
