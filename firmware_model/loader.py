@@ -19,6 +19,7 @@ still charged, and the outputs are returned as ``None``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -34,7 +35,7 @@ from npu_sim.kernels import blas, registry
 
 from . import replay
 from .commands import U32_MAX, Barrier, Command, Dma, Kernel, Signal, Wait, pack, unpack
-from .program import Program, Region, split_reloc
+from .program import Program, Region, TensorDesc, split_reloc
 from .upload import host_address, host_bytes
 from .weights import Placement
 
@@ -95,29 +96,47 @@ def validate(program: Program, *, cores: int, semaphores: int,
     return commands
 
 
+_ITEMSIZE = {name: dtypes.itemsize(name) for name in dtypes.DTYPES}
+
+
 def _check_tensors(program: Program, problems: list[str]) -> list[int | None]:
-    """Per-tensor checks; returns each tensor's byte size (None when it cannot be known)."""
+    """Per-tensor checks; returns each tensor's byte size (None when it cannot be known).
+
+    A tensor that is plainly sound (a tuple of ints >= 0, a known dtype, ARENA or WEIGHTS, an
+    aligned int offset: every tensor of a decoded binary) is sized inline; any other goes
+    through :func:`_check_tensor`, which names what is wrong (per-tensor objects and messages
+    were ~2 ms of a 100-tensor load)."""
     nbytes: list[int | None] = []
     for i, t in enumerate(program.tensors):
-        where = f"tensor {i} {t.name!r}"
-        try:
-            item = dtypes.itemsize(t.dtype)
-            n = TensorSpec(t.shape, t.dtype).nbytes
-        except (NpuSimError, TypeError, ValueError) as exc:
-            problems.append(f"{where}: bad shape {t.shape!r} or dtype {t.dtype!r} ({exc})")
-            nbytes.append(None)
-            continue
-        if t.region not in (Region.ARENA, Region.WEIGHTS):
-            problems.append(f"{where}: region {t.region!r}; tensors live in ARENA or WEIGHTS")
-            n = None
-        elif isinstance(t.offset, bool) or not isinstance(t.offset, int) or t.offset < 0:
-            problems.append(f"{where}: offset {t.offset!r}; expected an int >= 0")
-            n = None
-        elif t.offset % item:
-            problems.append(f"{where}: offset {t.offset} is not a multiple of its {t.dtype} "
-                            f"itemsize {item}")
-        nbytes.append(n)
+        shape, offset = t.shape, t.offset
+        item = _ITEMSIZE.get(t.dtype) if type(t.dtype) is str else None
+        if item and type(shape) is tuple and type(offset) is int and offset >= 0 \
+                and not offset % item and (t.region is Region.ARENA or t.region is Region.WEIGHTS) \
+                and all(type(d) is int and d >= 0 for d in shape):
+            nbytes.append(math.prod(shape) * item)
+        else:
+            nbytes.append(_check_tensor(i, t, problems))
     return nbytes
+
+
+def _check_tensor(i: int, t: TensorDesc, problems: list[str]) -> int | None:
+    where = f"tensor {i} {t.name!r}"
+    try:
+        item = dtypes.itemsize(t.dtype)
+        n = TensorSpec(t.shape, t.dtype).nbytes
+    except (NpuSimError, TypeError, ValueError) as exc:
+        problems.append(f"{where}: bad shape {t.shape!r} or dtype {t.dtype!r} ({exc})")
+        return None
+    if t.region not in (Region.ARENA, Region.WEIGHTS):
+        problems.append(f"{where}: region {t.region!r}; tensors live in ARENA or WEIGHTS")
+        return None
+    if isinstance(t.offset, bool) or not isinstance(t.offset, int) or t.offset < 0:
+        problems.append(f"{where}: offset {t.offset!r}; expected an int >= 0")
+        return None
+    if t.offset % item:
+        problems.append(f"{where}: offset {t.offset} is not a multiple of its {t.dtype} "
+                        f"itemsize {item}")
+    return n
 
 
 def _ranges_overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:

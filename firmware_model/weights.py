@@ -231,7 +231,7 @@ class WeightStore:
         block = _Block(device.malloc(size))
         try:
             moved = {i: dataclasses.replace(program.tensors[i], offset=layout[k])
-                     for k in missing for i in by_offset[k]}
+                     for k in missing for i in by_offset[k] if layout[k] != k[0]}
             staged = dataclasses.replace(
                 program, tensors=tuple(moved.get(i, t) for i, t in enumerate(program.tensors)),
                 weights={by_offset[k][0]: program.weights[by_offset[k][0]] for k in missing})

@@ -37,6 +37,7 @@ from ..errors import Fail
 from .context_writer import ContextWriter
 from .executor import PlanExecutor, type_string
 from .files import atomic_write
+from .gc_pause import creation
 from .graph import GraphView, dims
 from .options import EP_CONTEXT_ENABLE, SessionOptions, config_flag
 from .pipeline import construct
@@ -53,6 +54,7 @@ def get_available_providers() -> list[str]:
 class InferenceSession:
     """A model partitioned across execution providers, ready to run (see the module doc)."""
 
+    @creation  # no cyclic garbage collection inside a creation (ep.framework.gc_pause)
     def __init__(
         self,
         path_or_bytes: str | os.PathLike[str] | bytes,

@@ -22,6 +22,7 @@ import itertools
 import mmap
 import os
 import struct
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -295,6 +296,7 @@ class ContextBinary:
         # every block is verified.
         checks = [_pool().submit(_crc32_then_drop, view[block.start : block.end])
                   for block in blocks]
+        time.sleep(0)  # hand the GIL over: the workers start now, not 5 ms into the decoding
         try:
             programs = decoder.graphs()
         finally:

@@ -9,51 +9,69 @@ Failures raise :class:`ep.errors.InvalidGraph` naming the graph and record.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import struct
 from collections.abc import Mapping
 
 from ep.errors import InvalidGraph
 from firmware_model.program import AttrValue, KernelLaunch, Program, Region, TensorDesc
 from npu_sim import dtypes
-from npu_sim.errors import ConfigError
 
 from . import binary_layout as L
 from .external_weights import ExternalRef
 
 _TAGS = frozenset(L.AttrTag)
 """Valid attribute tags (built once: iterating the enum per attribute cost ~1 ms a load)."""
+_INT, _FLOAT, _STRING, _BYTES, _INTS, _FLOATS = (
+    int(L.AttrTag.INT), int(L.AttrTag.FLOAT), int(L.AttrTag.STRING), int(L.AttrTag.BYTES),
+    int(L.AttrTag.INTS), int(L.AttrTag.FLOATS))
+
+
+_REGIONS = {int(r): r for r in Region}
+
+
+def _label(what: str, args: tuple) -> str:
+    return what.format(*args) if args else what
 
 
 class _Cursor:
-    """Reads packed records from one section, refusing to run past its end."""
+    """Reads packed records from one section, refusing to run past its end.
+
+    Each read names what it reads, for the error: ``what`` is a label or, with ``args``, a
+    :meth:`str.format` template filled only when a read fails (labels built for every record
+    and attribute were a third of a small model's decoding).
+    """
 
     def __init__(self, view: memoryview, where: str) -> None:
         self.view = view
         self.pos = 0
         self.where = where
 
-    def need(self, nbytes: int, what: str) -> None:
+    def need(self, nbytes: int, what: str, *args: object) -> None:
         left = len(self.view) - self.pos
         if nbytes > left:
             raise InvalidGraph(
-                f"{self.where}: {what} needs {nbytes} bytes at offset {self.pos}, "
+                f"{self.where}: {_label(what, args)} needs {nbytes} bytes at offset {self.pos}, "
                 f"only {left} remain"
             )
 
-    def take(self, layout: struct.Struct, what: str) -> tuple:
-        self.need(layout.size, what)
+    def take(self, layout: struct.Struct, what: str, *args: object) -> tuple:
+        self.need(layout.size, what, *args)
         values = layout.unpack_from(self.view, self.pos)
         self.pos += layout.size
         return values
 
-    def array(self, code: str, count: int, what: str) -> tuple:
-        self.need(count * struct.calcsize(code), f"{count} x {what}")
+    def array(self, code: str, count: int, what: str, *args: object) -> tuple:
+        nbytes = count * struct.calcsize(code)
+        if nbytes > len(self.view) - self.pos:
+            self.need(nbytes, f"{count} x {_label(what, args)}")
         values = struct.unpack_from(f"<{count}{code}", self.view, self.pos)
-        self.pos += count * struct.calcsize(code)
+        self.pos += nbytes
         return values
 
-    def raw(self, nbytes: int, what: str) -> bytes:
-        self.need(nbytes, what)
+    def raw(self, nbytes: int, what: str, *args: object) -> bytes:
+        self.need(nbytes, what, *args)
         data = self.view[self.pos : self.pos + nbytes].tobytes()
         self.pos += nbytes
         return data
@@ -70,6 +88,14 @@ def _parse_strings(view: memoryview) -> list[str]:
     cur = _Cursor(view, "section strings")
     (count,) = cur.take(L.STR_COUNT, "string count")
     lengths = cur.array("I", count, "string length")
+    ends = list(itertools.accumulate(lengths))
+    if not ends or ends[-1] <= len(view) - cur.pos:  # all there: one copy, sliced
+        raw = cur.raw(ends[-1] if ends else 0, "strings")
+        with contextlib.suppress(UnicodeDecodeError):  # else the loop names the string
+            strings = [raw[a:b].decode("utf-8") for a, b in itertools.pairwise([0, *ends])]
+            cur.finish()
+            return strings
+        cur.pos -= len(raw)
     strings = []
     for i, length in enumerate(lengths):
         raw = cur.raw(length, f"string {i}")
@@ -120,10 +146,11 @@ class Decoder:
         self.external_refs_cache = refs
         return refs
 
-    def string(self, index: int, where: str) -> str:
+    def string(self, index: int, where: str, *args: object) -> str:
         if index >= len(self.strings):
             raise InvalidGraph(
-                f"{where}: string id {index} is out of range [0, {len(self.strings)})"
+                f"{_label(where, args)}: string id {index} is out of range "
+                f"[0, {len(self.strings)})"
             )
         return self.strings[index]
 
@@ -161,13 +188,14 @@ class Decoder:
         return programs
 
     def indices(self, cur: _Cursor, count: int, n_tensors: int, lowest: int,
-                what: str) -> tuple[int, ...]:
-        values = cur.array("i", count, what)
-        for value in values:
-            if not lowest <= value < n_tensors:
-                raise InvalidGraph(
-                    f"{cur.where}: {what} {value} is out of range [{lowest}, {n_tensors})"
-                )
+                what: str, *args: object) -> tuple[int, ...]:
+        values = cur.array("i", count, what, *args)
+        if values and (min(values) < lowest or max(values) >= n_tensors):
+            value = next(v for v in values if not lowest <= v < n_tensors)
+            raise InvalidGraph(
+                f"{cur.where}: {_label(what, args)} {value} is out of range "
+                f"[{lowest}, {n_tensors})"
+            )
         return values
 
     def program(self, name: str, cur: _Cursor) -> Program:
@@ -179,7 +207,7 @@ class Decoder:
                 f"the commands section ({len(self.commands_view)} bytes)"
             )
         cur.need(n_tensors * L.TENSOR.size, f"{n_tensors} tensors")
-        tensors = tuple(self.tensor(cur, i) for i in range(n_tensors))
+        tensors = self.tensors(cur, n_tensors)
         inputs = self.indices(cur, n_inputs, n_tensors, 0, "input tensor index")
         outputs = self.indices(cur, n_outputs, n_tensors, 0, "output tensor index")
         cur.need(n_weights * L.WEIGHT.size, f"{n_weights} weights")
@@ -198,7 +226,7 @@ class Decoder:
                 weights[index] = self.external_blob(source, offset, length, where)
                 self.sources.setdefault(name, {})[index] = source - 1
         cur.need(n_launches * L.LAUNCH.size, f"{n_launches} launches")
-        launches = tuple(self.launch(cur, i, n_tensors) for i in range(n_launches))
+        launches = self.launches(cur, n_launches, n_tensors)
         cur.finish()
         return Program(
             name=name, tensors=tensors, launches=launches,
@@ -230,56 +258,128 @@ class Decoder:
         self.references.append(length)
         return self.external[source - 1]
 
-    def tensor(self, cur: _Cursor, i: int) -> TensorDesc:
-        name_id, dtype_code, region, rank, offset = cur.take(L.TENSOR, f"tensor {i}")
-        shape = cur.array("Q", rank, f"tensor {i} dimension")
+    # Tables are read by a fast loop that checks everything but names nothing; at the first
+    # record it finds wrong (or any it does not handle) the record-by-record reader below takes
+    # over from that record and reports what is wrong (a small model's load spent ~1 ms on
+    # building the readers' labels and calls).
+
+    def tensors(self, cur: _Cursor, count: int) -> tuple[TensorDesc, ...]:
+        view, strings, regions, names = cur.view, self.strings, _REGIONS, dtypes.DTYPES
+        unpack, size, out = L.TENSOR.unpack_from, L.TENSOR.size, []
         try:
-            dtype = dtypes.from_code(dtype_code)
-            region = Region(region)
-        except (ConfigError, ValueError):
+            for _ in range(count):
+                name_id, dtype_code, region_code, rank, offset = unpack(view, cur.pos)
+                shape = struct.unpack_from(f"<{rank}Q", view, cur.pos + size)
+                out.append(TensorDesc(strings[name_id], shape, names[dtype_code],
+                                      regions[region_code], offset))
+                cur.pos += size + 8 * rank
+        except (struct.error, IndexError, KeyError):
+            out.extend(self.tensor(cur, i) for i in range(len(out), count))
+        return tuple(out)
+
+    def launches(self, cur: _Cursor, count: int, n_tensors: int) -> tuple[KernelLaunch, ...]:
+        out: list[KernelLaunch] = []
+        try:
+            for _ in range(count):
+                out.append(self._launch_unnamed(cur, n_tensors))
+        except (struct.error, IndexError, ValueError):
+            out.extend(self.launch(cur, i, n_tensors) for i in range(len(out), count))
+        return tuple(out)
+
+    def _launch_unnamed(self, cur: _Cursor, n_tensors: int) -> KernelLaunch:
+        """One launch of the common kinds (attributes INT, FLOAT, STRING, INTS, FLOATS), or
+        ValueError / IndexError / struct.error with ``cur`` left at its start."""
+        view, strings, pos = cur.view, self.strings, cur.pos
+        op_id, node_id, n_in, n_out, n_attrs = L.LAUNCH.unpack_from(view, pos)
+        pos += L.LAUNCH.size
+        inputs = struct.unpack_from(f"<{n_in}i", view, pos)
+        outputs = struct.unpack_from(f"<{n_out}i", view, pos + 4 * n_in)
+        pos += 4 * (n_in + n_out)
+        for ids in (inputs, outputs):
+            if ids and (min(ids) < -1 or max(ids) >= n_tensors):
+                raise ValueError("tensor index out of range")
+        attrs: dict[str, AttrValue] = {}
+        for _ in range(n_attrs):
+            name_id, tag = L.ATTR.unpack_from(view, pos)
+            name = strings[name_id]
+            pos += L.ATTR.size
+            if name in attrs:
+                raise ValueError("attribute repeated")
+            if tag == _INT:
+                attrs[name] = L.I64.unpack_from(view, pos)[0]
+                pos += 8
+            elif tag == _FLOAT:
+                attrs[name] = L.F64.unpack_from(view, pos)[0]
+                pos += 8
+            elif tag == _STRING:
+                attrs[name] = strings[L.COUNT.unpack_from(view, pos)[0]]
+                pos += 4
+            elif tag == _INTS or tag == _FLOATS:
+                (n,) = L.COUNT.unpack_from(view, pos)
+                attrs[name] = struct.unpack_from(f"<{n}{'q' if tag == _INTS else 'd'}", view,
+                                                 pos + 4)
+                pos += 4 + 8 * n
+            else:
+                raise ValueError("attribute of another kind")
+        launch = KernelLaunch(op=strings[op_id], inputs=inputs, outputs=outputs, attrs=attrs,
+                              node=strings[node_id])
+        cur.pos = pos
+        return launch
+
+    def tensor(self, cur: _Cursor, i: int) -> TensorDesc:
+        name_id, dtype_code, region_code, rank, offset = cur.take(L.TENSOR, "tensor {}", i)
+        shape = cur.array("Q", rank, "tensor {} dimension", i)
+        region = _REGIONS.get(region_code)
+        if region is None or not 0 <= dtype_code < len(dtypes.DTYPES):
             raise InvalidGraph(
-                f"{cur.where}, tensor {i}: dtype code {dtype_code} or region {region} is unknown "
-                f"(dtype codes 0..{len(dtypes.DTYPES) - 1}, regions {[int(r) for r in Region]})"
-            ) from None
-        name = self.string(name_id, f"{cur.where}, tensor {i}")
+                f"{cur.where}, tensor {i}: dtype code {dtype_code} or region {region_code} is "
+                f"unknown (dtype codes 0..{len(dtypes.DTYPES) - 1}, regions "
+                f"{[int(r) for r in Region]})"
+            )
+        dtype = dtypes.DTYPES[dtype_code]
+        name = self.string(name_id, "{}, tensor {}", cur.where, i)
         return TensorDesc(name, shape, dtype, region, offset)
 
     def launch(self, cur: _Cursor, i: int, n_tensors: int) -> KernelLaunch:
-        where = f"launch {i}"
-        op_id, node_id, n_in, n_out, n_attrs = cur.take(L.LAUNCH, where)
-        inputs = self.indices(cur, n_in, n_tensors, -1, f"{where} input")
-        outputs = self.indices(cur, n_out, n_tensors, -1, f"{where} output")
-        cur.need(n_attrs * (L.ATTR.size + 4), f"{n_attrs} attributes")
+        op_id, node_id, n_in, n_out, n_attrs = cur.take(L.LAUNCH, "launch {}", i)
+        inputs = self.indices(cur, n_in, n_tensors, -1, "launch {} input", i)
+        outputs = self.indices(cur, n_out, n_tensors, -1, "launch {} output", i)
+        cur.need(n_attrs * (L.ATTR.size + 4), "{} attributes", n_attrs)
         attrs: dict[str, AttrValue] = {}
         for _ in range(n_attrs):
-            name_id, tag = cur.take(L.ATTR, f"{where} attribute")
-            name = self.string(name_id, f"{cur.where}, {where}")
+            name_id, tag = cur.take(L.ATTR, "launch {} attribute", i)
+            name = self.string(name_id, "{}, launch {}", cur.where, i)
             if name in attrs:
-                raise InvalidGraph(f"{cur.where}, {where}: attribute {name!r} appears twice")
-            attrs[name] = self.attr(cur, tag, f"{where} attribute {name!r}")
+                raise InvalidGraph(f"{cur.where}, launch {i}: attribute {name!r} appears twice")
+            attrs[name] = self.attr(cur, tag, "launch {} attribute {!r}", i, name)
         return KernelLaunch(
-            op=self.string(op_id, f"{cur.where}, {where}"), inputs=inputs, outputs=outputs,
-            attrs=attrs, node=self.string(node_id, f"{cur.where}, {where}"),
+            op=self.string(op_id, "{}, launch {}", cur.where, i), inputs=inputs,
+            outputs=outputs, attrs=attrs, node=self.string(node_id, "{}, launch {}", cur.where, i),
         )
 
-    def attr(self, cur: _Cursor, tag: int, what: str) -> AttrValue:
+    def attr(self, cur: _Cursor, tag: int, what: str, *args: object) -> AttrValue:
+        """One attribute's value; ``what`` and ``args`` name it (see :class:`_Cursor`)."""
         if tag not in _TAGS:
             raise InvalidGraph(
-                f"{cur.where}, {what}: malformed attribute tag {tag}; valid tags are "
-                f"{', '.join(f'{t.value} ({t.name})' for t in L.AttrTag)}"
+                f"{cur.where}, {_label(what, args)}: malformed attribute tag {tag}; valid tags "
+                f"are {', '.join(f'{t.value} ({t.name})' for t in L.AttrTag)}"
             )
-        if tag == L.AttrTag.INT:
-            return cur.take(L.I64, what)[0]
-        if tag == L.AttrTag.FLOAT:
-            return cur.take(L.F64, what)[0]
-        if tag == L.AttrTag.STRING:
-            return self.string(cur.take(L.COUNT, what)[0], f"{cur.where}, {what}")
-        (count,) = cur.take(L.COUNT, f"{what} length")
-        if tag == L.AttrTag.BYTES:
-            return cur.raw(count, what)
-        if tag == L.AttrTag.INTS:
-            return cur.array("q", count, what)
-        if tag == L.AttrTag.FLOATS:
-            return cur.array("d", count, what)
-        ids = cur.array("I", count, what)  # AttrTag.STRINGS
-        return tuple(self.string(s, f"{cur.where}, {what}") for s in ids)
+        if tag == _INT:
+            return cur.take(L.I64, what, *args)[0]
+        if tag == _FLOAT:
+            return cur.take(L.F64, what, *args)[0]
+        if tag == _STRING:
+            return self.string(cur.take(L.COUNT, what, *args)[0], "{}, " + what, cur.where,
+                               *args)
+        (count,) = cur.take(L.COUNT, what + " length", *args)
+        if tag == _BYTES:
+            return cur.raw(count, what, *args)
+        if tag == _INTS:
+            return cur.array("q", count, what, *args)
+        if tag == _FLOATS:
+            return cur.array("d", count, what, *args)
+        ids = cur.array("I", count, what, *args)  # AttrTag.STRINGS
+        strings = self.strings
+        if ids and max(ids) >= len(strings):
+            return tuple(self.string(s, "{}, " + what, cur.where, *args) for s in ids)
+        return tuple(strings[s] for s in ids)

@@ -1,0 +1,106 @@
+"""The tensor and launch tables: read by a fast loop, reported by the record-by-record reader.
+
+A wrong record after good ones must still be named exactly (its index, field and value), and
+tables with every attribute kind must decode to what was packed."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from ep.errors import InvalidGraph
+from ep.npusim import binary_layout as L
+from ep.npusim.binary import ContextBinary, pack_context
+from firmware_model.program import KernelLaunch, Program, Region, TensorDesc
+
+ATTRS = {"k": 3, "s": "same"}
+LAUNCH_BYTES = L.LAUNCH.size + 4 + 4 + (L.ATTR.size + 8) + (L.ATTR.size + 4)
+
+
+def program(launches: tuple[KernelLaunch, ...] | None = None) -> Program:
+    tensors = (TensorDesc("x", (1, 4), "float32", Region.ARENA, 0),
+               TensorDesc("y", (4,), "float16", Region.ARENA, 64))
+    launches = launches or tuple(KernelLaunch("Relu", (0,), (1,), ATTRS, f"n{k}")
+                                 for k in range(3))
+    return Program("g", tensors, launches, b"", (0,), (1,), {}, 128, "npu-m")
+
+
+def packed(prog: Program) -> bytes:
+    return pack_context([prog], hardware_architecture="npu-m")
+
+
+def patched(data: bytes, offset: int, fmt: str, value: int, kind: str = "programs") -> bytes:
+    """``data`` with ``value`` at ``offset`` into section ``kind``, checksums resealed."""
+    binary = ContextBinary.from_bytes(data)
+    section = next(s for s in binary.sections if s.kind_name == kind)
+    out = bytearray(data)
+    struct.pack_into(fmt, out, section.offset + offset, value)
+    fields = L.HEADER.unpack_from(out, 0)
+    count, table = fields[5], fields[6]
+    for i in range(count):
+        at = table + i * L.SECTION.size
+        kind, flags, start, length, crc, reserved = L.SECTION.unpack_from(out, at)
+        L.SECTION.pack_into(out, at, kind, flags, start, length,
+                            L.crc32(out[start:start + length]), reserved)
+    struct.pack_into("<I", out, L.HEADER.size - 4, L.crc32(out[table:table + count
+                                                                 * L.SECTION.size]))
+    struct.pack_into("<I", out, L.HEADER_CRC_OFFSET, 0)
+    struct.pack_into("<I", out, L.HEADER_CRC_OFFSET, L.crc32(out[:L.HEADER_SIZE]))
+    return bytes(out)
+
+
+def launch_at(k: int) -> int:
+    """Offset of launch ``k`` in the programs section of :func:`program`'s binary."""
+    tensors = 2 * L.TENSOR.size + 8 * (2 + 1)
+    return L.PROGRAM.size + tensors + 4 + 4 + k * LAUNCH_BYTES
+
+
+@pytest.mark.parametrize("attrs", [
+    ATTRS,
+    {"blob": b"\x00\x01", "names": ("a", "b"), "alpha": 0.5, "pads": (0, 1),
+     "scales": (1.5, 2.0), "empty": ()},
+])
+def test_tables_decode_to_what_was_packed(attrs):
+    prog = program(tuple(KernelLaunch("Relu", (0, -1), (1,), attrs, f"n{k}") for k in range(3)))
+    assert ContextBinary.from_bytes(packed(prog)).program("g") == prog
+
+
+def test_layout_of_the_sample_is_what_the_offsets_assume():
+    data = packed(program())
+    op_id, node_id, n_in, n_out, n_attrs = L.LAUNCH.unpack_from(
+        data, next(s for s in ContextBinary.from_bytes(data).sections
+                   if s.kind_name == "programs").offset + launch_at(1))
+    assert (n_in, n_out, n_attrs) == (1, 1, 2)
+
+
+@pytest.mark.parametrize("where, fmt, value, message", [
+    (L.LAUNCH.size, "<i", 7, r"graph 'g': launch 1 input 7 is out of range \[-1, 2\)"),
+    (L.LAUNCH.size + 4, "<i", -2, r"graph 'g': launch 1 output -2 is out of range \[-1, 2\)"),
+    (L.LAUNCH.size + 8 + 4, "<B", 99,
+     r"graph 'g', launch 1 attribute 'k': malformed attribute tag 99"),
+    (L.LAUNCH.size + 8, "<I", 10**6,
+     r"graph 'g', launch 1: string id 1000000 is out of range"),
+    (L.LAUNCH.size + 8 + L.ATTR.size + 8 + L.ATTR.size, "<I", 10**6,
+     r"graph 'g', launch 1 attribute 's': string id 1000000 is out of range"),
+])
+def test_a_wrong_launch_after_good_ones_is_named(where, fmt, value, message):
+    data = patched(packed(program()), launch_at(1) + where, fmt, value)
+    with pytest.raises(InvalidGraph, match=message):
+        ContextBinary.from_bytes(data)
+
+
+def test_a_wrong_tensor_after_a_good_one_is_named():
+    data = patched(packed(program()), L.PROGRAM.size + L.TENSOR.size + 16 + 5, "<B", 9)
+    with pytest.raises(InvalidGraph, match=r"graph 'g', tensor 1: dtype code \d+ or region 9 is "
+                                           "unknown"):
+        ContextBinary.from_bytes(data)
+
+
+def test_a_string_that_is_not_utf8_is_named():
+    data = packed(program())
+    strings = next(s for s in ContextBinary.from_bytes(data).sections if s.kind_name == "strings")
+    count, first = struct.unpack_from("<II", data, strings.offset)
+    data = patched(data, 4 + 4 * count + first, "<B", 0xFF, kind="strings")
+    with pytest.raises(InvalidGraph, match=r"section strings: string 1 is not valid UTF-8"):
+        ContextBinary.from_bytes(data)
