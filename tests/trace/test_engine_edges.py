@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 from hypothesis import given, settings
@@ -10,11 +11,13 @@ from hypothesis import strategies as st
 from kernel_fixtures import fixed_cycles, registered_kernels
 
 from npu_sim import Device, TensorSpec
-from npu_sim.trace import Recording, replay
-from npu_sim.trace.analysis import report
+from npu_sim.config import DeviceConfig
+from npu_sim.trace import Recording, load, replay
+from npu_sim.trace.analysis import format_report, report
 from npu_sim.trace.control import engines_held
 
 SPEC = TensorSpec((256,), "float32")
+SMALL_CHUNKS = DeviceConfig.preset("npu-m").replace(dma_chunk_bytes=8192)  # transfers of chunks
 
 
 def _hold(cycles):
@@ -58,7 +61,7 @@ def workloads(draw):
     launch = st.tuples(st.sampled_from(CYCLES),
                        st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True),
                        st.none() | st.integers(0, 12))
-    transfer = st.tuples(st.integers(1, 1 << 16).map(lambda n: n // 64 * 64 + 64),
+    transfer = st.tuples(st.integers(1, 1 << 10).map(lambda n: 64 * n),  # up to 64 KiB
                          st.none() | st.integers(0, 12))
     return (draw(st.lists(launch, min_size=1, max_size=8)),
             draw(st.lists(transfer, max_size=6)))
@@ -68,7 +71,7 @@ def workloads(draw):
 @given(workloads())
 def test_every_engine_edge_names_an_earlier_holder_of_the_same_engine(work):
     with registered_kernels(dict(_hold(c) for c in CYCLES)):
-        trace = _run(Device("npu-m"), *work)
+        trace = _run(Device(SMALL_CHUNKS), *work)
         by_id = trace.by_id()
         for rec in trace.records:
             holders = [by_id[d] for d, why in rec.edges if why == "engine"]
@@ -84,7 +87,7 @@ def test_every_engine_edge_names_an_earlier_holder_of_the_same_engine(work):
             dataclasses.replace(r, deps=tuple(d for d, w in r.edges if w != "engine"),
                                 why=tuple(w for _, w in r.edges if w != "engine"))
             for r in trace.records))
-        a, b = replay(trace, mode="elastic"), replay(stripped, mode="elastic")
+        a, b = (replay(t, SMALL_CHUNKS, mode="elastic") for t in (trace, stripped))
         assert a.makespan == b.makespan == trace.makespan
         assert [(r.id, r.start, r.end) for r in a.records] == \
             [(r.id, r.start, r.end) for r in b.records]
@@ -108,3 +111,16 @@ def test_second_kernel_on_a_busy_core_waits_for_the_first():
     path = report(trace)["critical_path"]
     kernels = [p for p in path if p["kind"] == "kernel"]
     assert [(p["name"], p["via"]) for p in kernels] == [("first", None), ("second", "engine")]
+    assert "second  (waited for core0 held by first)" in format_report(report(trace))
+
+
+def test_a_schema_1_0_trace_without_engine_edges_still_loads_and_replays(tmp_path):
+    sample = Path(__file__).parents[2] / "traces" / "tiny_cnn.trace.jsonl"
+    text = sample.read_text(encoding="utf-8")
+    assert text.startswith('{"format":"npu-sim-trace","schema":"1.1",')
+    old = tmp_path / "old.trace.jsonl"
+    old.write_text(text.replace('"schema":"1.1"', '"schema":"1.0"', 1), encoding="utf-8")
+    now, then = load(sample), load(old)
+    assert then.records == now.records
+    assert replay(then, mode="elastic").makespan == replay(now, mode="elastic").makespan \
+        == then.makespan
