@@ -55,11 +55,6 @@ def engine_edges(records: Sequence[TraceRecord]) -> dict[int, tuple[int, ...]]:
     return out
 
 
-def shares_engine(a: TraceRecord, b: TraceRecord) -> bool:
-    """Whether ``a`` and ``b`` held an engine in common."""
-    return not set(engines_held(a)).isdisjoint(engines_held(b))
-
-
 def without(edges: Iterable[tuple[int, str]], whys: frozenset[str]) -> tuple[int, ...]:
     """The dependency ids of ``edges`` whose reason is not in ``whys``."""
     return tuple(d for d, why in edges if why not in whys)
