@@ -6,7 +6,8 @@ engine was held by the record that released it at ``start``: the earlier record 
 engine whose ``end`` is the latest at or before ``start``. When that end is after ``ready`` the
 record got an ``engine`` edge to it, one per awaited engine (a kernel on four cores may name up
 to four holders). The device's hot path records nothing of this; :mod:`.capture` derives the
-edges when it stitches a run's records into a trace.
+edges when it stitches a run's records into a trace, and elastic replay, which ignores them,
+re-derives them from its re-timed records when those are built (:func:`rederived`).
 
 Queue order adds no edge of its own: the firmware starts each command when its own dependencies
 and its submission's last BARRIER are done, never after the previous command of its queue, and
@@ -17,10 +18,15 @@ its ``engine`` edge names it. ``docs/trace_format.md`` says so.
 
 from __future__ import annotations
 
-from bisect import bisect_right, insort
+import dataclasses
+import math
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 
 from .recorder import TraceRecord
+
+DERIVED = frozenset({"engine", "order"})
+"""The edge reasons derived from a timeline: elastic replay ignores them and re-derives them."""
 
 
 def engines_held(rec: TraceRecord) -> tuple[str, ...]:
@@ -32,27 +38,49 @@ def engines_held(rec: TraceRecord) -> tuple[str, ...]:
 
 
 def engine_edges(records: Sequence[TraceRecord]) -> dict[int, tuple[int, ...]]:
-    """``record id -> ids of the records it waited for the engines of`` (see the module doc),
-    for the records of one run in id order; only records that waited appear."""
-    held: dict[str, list[tuple[int, int]]] = {}  # engine -> (end, id) of its records, sorted
+    """``record id -> ids of the records it waited for the engines of`` (see the module doc);
+    only records that waited appear. Each holder has a lower id than the record (it is on an
+    earlier line of a trace): the latest-ending such record, ending in ``(ready, start]``."""
+    lanes: dict[str, list[tuple[int, int]]] = {}  # engine -> (end, id) of its records, sorted
+    for rec in records:
+        for engine in engines_held(rec):
+            lanes.setdefault(engine, []).append((rec.end, rec.id))
+    for lane in lanes.values():
+        lane.sort()
     out: dict[int, tuple[int, ...]] = {}
     for rec in records:
-        engines = engines_held(rec)
-        if 0 <= rec.ready < rec.start:
-            found = set()
-            for engine in engines:
-                ends = held.get(engine)
-                if not ends:
-                    continue
-                i = bisect_right(ends, (rec.start, rec.id)) - 1
-                if i >= 0 and ends[i][0] > rec.ready:
-                    found.add(ends[i][1])
-            found.difference_update(rec.deps)  # an edge it already has keeps its reason
-            if found:
-                out[rec.id] = tuple(sorted(found))
-        for engine in engines:
-            insort(held.setdefault(engine, []), (rec.end, rec.id))
+        if not 0 <= rec.ready < rec.start:
+            continue
+        found = set()
+        for engine in engines_held(rec):
+            lane = lanes[engine]
+            i = bisect_right(lane, (rec.start, math.inf)) - 1
+            while i >= 0 and lane[i][0] > rec.ready:
+                if lane[i][1] < rec.id:
+                    found.add(lane[i][1])
+                    break
+                i -= 1
+        found.difference_update(rec.deps)  # an edge it already has keeps its reason
+        if found:
+            out[rec.id] = tuple(sorted(found))
     return out
+
+
+def rederived(records: Sequence[TraceRecord]) -> tuple[TraceRecord, ...]:
+    """``records`` (re-timed by a replay) with their ``engine`` and ``order`` edges replaced by
+    the ``engine`` edges their own times imply: the recorded ones named who held an engine
+    under the recording config."""
+    stripped = [r if not DERIVED.intersection(r.why) else _with_edges(
+        r, [(d, why) for d, why in r.edges if why not in DERIVED]) for r in records]
+    held = engine_edges(stripped)
+    return tuple(r if r.id not in held else _with_edges(
+        r, sorted([*r.edges, *((d, "engine") for d in held[r.id])])) for r in stripped)
+
+
+def _with_edges(rec: TraceRecord, edges: list[tuple[int, str]]) -> TraceRecord:
+    why = tuple(w for _, w in edges)
+    return dataclasses.replace(rec, deps=tuple(d for d, _ in edges),
+                               why=() if all(w == "data" for w in why) else why)
 
 
 def without(edges: Iterable[tuple[int, str]], whys: frozenset[str]) -> tuple[int, ...]:

@@ -25,12 +25,12 @@ from ..dma import chunk_energy, chunk_link, chunk_plan
 from ..dtypes import TensorSpec
 from ..errors import NpuSimError, TraceError
 from ..kernels.registry import lookup
-from .control import without
+from .control import DERIVED, rederived, without
 from .format import Trace
 from .recorder import TraceRecord
 from .schedule import URGENT, Action, Clock, Event, Pool, Resource, all_of, each
 
-NOT_REPLAYED = frozenset({"engine", "order"})
+NOT_REPLAYED = DERIVED
 """Edge tags elastic replay drops: the new config's engine capacity re-derives them."""
 
 COMPILER_FIELDS = ("cores", "array_rows", "array_cols", "dataflow", "stationary_load",
@@ -258,7 +258,7 @@ class _Elastic:
         self._flag_compiler_choices()
         busy, energy = _figures(entries)
         config = self.config
-        return (makespan, busy, lambda: tuple(_record(e, config) for e in entries),
+        return (makespan, busy, lambda: rederived([_record(e, config) for e in entries]),
                 tuple(self.flags), energy)
 
     def _flag_compiler_choices(self) -> None:
