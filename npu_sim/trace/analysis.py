@@ -48,7 +48,9 @@ def _intersection(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
 
 def critical_path(trace: Trace) -> list[TraceRecord]:
     """The chain that sets the makespan: from the last record to end, each step back the
-    dependency that finished last (ties: the lower id), first record first."""
+    dependency that finished last (ties: the lower id), first record first. A record that
+    waited for an engine steps back through its ``engine`` edge to the record that held it,
+    which finished after everything it read."""
     if not trace.records:
         return []
     by_id = trace.by_id()
@@ -58,6 +60,11 @@ def critical_path(trace: Trace) -> list[TraceRecord]:
         node = max((by_id[d] for d in node.deps), key=lambda r: (r.end, -r.id))
         chain.append(node)
     return chain[::-1]
+
+
+def _via(earlier: TraceRecord, later: TraceRecord) -> str:
+    """Why ``later`` waited for ``earlier`` (one step of the critical path)."""
+    return later.edge_kind(later.deps.index(earlier.id))
 
 
 def _node_key(rec: TraceRecord) -> str:
@@ -131,7 +138,9 @@ def report(trace: Trace, top: int = 10) -> dict[str, Any]:
         "overlap_cycles": both,
         "overlap_of_dma": both / _length(dma) if dma else 0.0,
         "critical_path": [{"id": r.id, "kind": r.kind, "name": r.name, "engine": r.engine,
-                           "start": r.start, "end": r.end, "cycles": r.cycles} for r in path],
+                           "start": r.start, "end": r.end, "cycles": r.cycles,
+                           "via": _via(path[i - 1], r) if i else None}
+                          for i, r in enumerate(path)],
         "top_ops": ops[:top],
         "operators": operators(trace)[:top],
         "energy": energy,
@@ -168,10 +177,14 @@ def format_report(rep: dict[str, Any]) -> str:
                f"overlapped {rep['overlap_cycles']:,} ({100 * rep['overlap_of_dma']:.0f}% of "
                "DMA time)")
     out.append(f"critical path ({len(rep['critical_path'])} records):")
+    previous = None
     for step in rep["critical_path"]:
         if step["kind"] in ("dma", "kernel"):  # commands and host steps only wrap these
+            held = (f"  (waited for {step['engine']} held by {previous['name']})"
+                    if step.get("via") == "engine" and previous else "")
             out.append(f"  {step['start']:>10,} {step['cycles']:>9,}  {step['kind']:<7} "
-                       f"{step['engine']:<8} {step['name']}")
+                       f"{step['engine']:<8} {step['name']}{held}")
+        previous = step
     out.append("top operators by time:")
     for agg in rep["top_ops"]:
         out.append(f"  {agg['op']:<22} {agg['cycles']:>10,} cycles {100 * agg['share']:5.1f}% "

@@ -11,7 +11,10 @@ run finishes (:meth:`Recording.add_run`) and stitches them into one dependency g
   finished;
 - an edge between two kernels (and their commands) is told apart by address: ``data`` when the
   later kernel reads memory the earlier one wrote, otherwise ``arena`` (the compiler ordered
-  them because the arena reuses memory the earlier one used).
+  them because the arena reuses memory the earlier one used);
+- a record that waited for an engine (``start > ready``) depends on the record that held it
+  (``engine``, :func:`.control.engine_edges`): derived here, after the run, so the device's
+  hot path pays nothing for it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..config import DeviceConfig
+from .control import engine_edges
 from .format import Trace
 from .recorder import TraceRecord
 
@@ -64,6 +68,7 @@ def _stitch(out: list[TraceRecord], name: str, records: tuple[TraceRecord, ...],
     base = len(out)
     new_id = {r.id: base + i for i, r in enumerate(records)}
     kinds = _classify_kernel_edges(list(records))
+    held = engine_edges(records)
     depended: set[int] = set()
     for rec in records:
         edges = [(new_id[d], kinds.get((rec.id, d), why)) for d, why in rec.edges
@@ -71,7 +76,8 @@ def _stitch(out: list[TraceRecord], name: str, records: tuple[TraceRecord, ...],
         waits = [e for e in edges if e[1] != "completion"]
         if not waits and last_host is not None:  # nothing before it in this run
             edges.append((last_host, "host"))
-        depended.update(d for d, _ in edges)
+        depended.update(d for d, _ in edges)  # engine edges make no record less of a sink
+        edges.extend((new_id[d], "engine") for d in held.get(rec.id, ()))
         edges.sort()
         out.append(dataclasses.replace(
             rec, id=new_id[rec.id], deps=tuple(d for d, _ in edges),

@@ -25,11 +25,12 @@ from ..dma import chunk_energy, chunk_link, chunk_plan
 from ..dtypes import TensorSpec
 from ..errors import NpuSimError, TraceError
 from ..kernels.registry import lookup
+from .control import DERIVED, rederived, without
 from .format import Trace
 from .recorder import TraceRecord
 from .schedule import URGENT, Action, Clock, Event, Pool, Resource, all_of, each
 
-NOT_REPLAYED = frozenset({"engine", "order"})
+NOT_REPLAYED = DERIVED
 """Edge tags elastic replay drops: the new config's engine capacity re-derives them."""
 
 COMPILER_FIELDS = ("cores", "array_rows", "array_cols", "dataflow", "stationary_load",
@@ -126,7 +127,7 @@ def _prepare(trace: Trace) -> _Prepared:
         edges = [(d, why) for d, why in rec.edges if why not in NOT_REPLAYED]
         deps = tuple(d for d, _ in edges)
         recorded_ready = rec.ready if rec.ready >= 0 else rec.start
-        delay = 0 if rec.deps else max(recorded_ready - origin, 0)
+        delay = 0 if deps else max(recorded_ready - origin, 0)
         if rec.kind == "dma":
             transfer = transfers[rec.id]
             if rec.id == min(r.id for r in transfer.records):
@@ -257,7 +258,7 @@ class _Elastic:
         self._flag_compiler_choices()
         busy, energy = _figures(entries)
         config = self.config
-        return (makespan, busy, lambda: tuple(_record(e, config) for e in entries),
+        return (makespan, busy, lambda: rederived([_record(e, config) for e in entries]),
                 tuple(self.flags), energy)
 
     def _flag_compiler_choices(self) -> None:
@@ -423,7 +424,8 @@ def _transfers(records: tuple[TraceRecord, ...]) -> dict[int, _Transfer]:
         if r.kind == "dma":
             # The chunks of one transfer share its number, addresses and dependencies (a run
             # re-emitted later has other dependencies, so its transfers stay its own).
-            key = (r.work.get("transfer"), r.work.get("src"), r.work.get("dst"), r.deps) \
+            key = (r.work.get("transfer"), r.work.get("src"), r.work.get("dst"),
+                   without(r.edges, NOT_REPLAYED)) \
                 if "transfer" in r.work else ("chunk", r.id)
             groups.setdefault(key, []).append(r)
     out: dict[int, _Transfer] = {}

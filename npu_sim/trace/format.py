@@ -27,7 +27,7 @@ from ..files import write_atomic
 from .recorder import EDGE_KINDS, KINDS, TraceRecord
 
 FORMAT = "npu-sim-trace"
-SCHEMA_VERSION = (1, 0)
+SCHEMA_VERSION = (1, 1)
 """``(major, minor)``: a reader takes any minor of its major (unknown fields are ignored)."""
 
 

@@ -35,8 +35,9 @@ EDGE_KINDS = ("data", "arena", "barrier", "order", "engine", "completion", "host
   behalf (a DMA or kernel after the commands its command waited for);
 - ``arena``: it writes memory the dependency used (an arena-reuse anti-dependency);
 - ``barrier``: a BARRIER command orders the two;
-- ``order``: queue order (a DMA transfer's chunks complete in order);
-- ``engine``: it waited for the engine (core, channel) the dependency held;
+- ``order``: queue order (implied by the other edges on this device, so never recorded here);
+- ``engine``: it waited for the engine (core, channel) the dependency held (derived after the
+  run by :mod:`npu_sim.trace.control`);
 - ``completion``: a command completes when its device work does;
 - ``host``: the host submitted it after the dependency (a run, a partition) finished.
 """
