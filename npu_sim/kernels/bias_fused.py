@@ -7,7 +7,8 @@ the GEMM's 90 us. :func:`bias_and_epilogue` does both in one numba loop per chan
 element gets the same float32 operations in the same order as the separate passes (the float32
 bias add, then the Relu select, or the gate computed as in
 :func:`npu_sim.kernels.epilogue.apply_epilogue`'s loop and rounded to float32 before the
-multiply), so the values are the same bits.
+multiply), so the values are the same bits. A SiLU gate (EfficientNet) takes the bias in the
+first of its three passes (:func:`npu_sim.kernels.epilogue.bias_silu`).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def _bias_hard_sigmoid_gate(y, b, alpha, beta):  # pragma: no cover - numba
 
 def bias_and_epilogue(op: str, y: np.ndarray, bias: np.ndarray, attrs: Mapping[str, Any]) -> bool:
     """Add ``bias`` (M,) to ``y`` (N, M, ...) in place and apply the launch's fused activation or
-    epilogue with it, when that is a Relu activation alone or a hard-sigmoid gate alone and
+    epilogue with it, when that is a Relu activation alone or a hard-sigmoid or sigmoid (SiLU) gate
+    alone and
     ``y`` and ``bias`` are contiguous float32. True when done; False (``y`` untouched) when the
     caller must add the bias and finish as usual."""
     if y.dtype != np.float32 or bias.dtype != np.float32 or not y.flags.c_contiguous or \
@@ -63,8 +65,15 @@ def bias_and_epilogue(op: str, y: np.ndarray, bias: np.ndarray, attrs: Mapping[s
     if activation:
         return False
     steps = decode(op, attrs)
-    if len(steps) != 1 or not steps[0].gate or steps[0].op != "HardSigmoid":
+    if len(steps) != 1 or not steps[0].gate:
         return False
-    alpha, beta = (steps[0].params + (0.2, 0.5)[len(steps[0].params):])[:2]
-    _bias_hard_sigmoid_gate(rows, bias, alpha, beta)
-    return True
+    if steps[0].op == "HardSigmoid":
+        alpha, beta = (steps[0].params + (0.2, 0.5)[len(steps[0].params):])[:2]
+        _bias_hard_sigmoid_gate(rows, bias, alpha, beta)
+        return True
+    if steps[0].op == "Sigmoid":
+        from .epilogue import bias_silu  # lazy: .epilogue imports .conv, which imports this
+
+        bias_silu(rows, bias)
+        return True
+    return False

@@ -18,7 +18,7 @@ from npu_sim.kernels.gemm import finish
 
 SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 3.0, -3.0, 1e30, -1e30]
 FUSED = [{"activation": "Relu"}, encode([Step("HardSigmoid", gate=True, params=(1 / 6, 0.5))]),
-         encode([Step("HardSigmoid", gate=True)])]
+         encode([Step("HardSigmoid", gate=True)]), encode([Step("Sigmoid", gate=True)])]
 
 
 @settings(max_examples=40, deadline=None)
@@ -40,7 +40,8 @@ def test_fused_pass_gives_the_separate_passes_bits(shape, attrs, seed):
     {},  # nothing to fuse
     {"activation": "Clip", "activation_params": (0.0, 6.0)},
     {"activation": "Relu", **encode([Step("HardSigmoid", gate=True)])},
-    encode([Step("Sigmoid", gate=True)]),
+    encode([Step("Sigmoid", gate=True), Step("Relu")]),
+    encode([Step("Add", operand=1)]),
 ])
 def test_other_launches_are_left_to_the_separate_passes(attrs):
     y = random_array(5, (1, 4, 3, 3), np.float32)
@@ -49,7 +50,7 @@ def test_other_launches_are_left_to_the_separate_passes(attrs):
     np.testing.assert_array_equal(got, y)
 
 
-@pytest.mark.parametrize("activation", ["Relu", "HardSwish"])
+@pytest.mark.parametrize("activation", ["Relu", "HardSwish", "SiLU"])
 @pytest.mark.parametrize("shape, weight, group", [
     ((1, 16, 14, 14), (24, 16, 1, 1), 1), ((1, 24, 9, 9), (24, 1, 3, 3), 24),
     ((2, 3, 12, 12), (8, 3, 3, 3), 1)])
@@ -58,8 +59,11 @@ def test_conv_with_bias_and_activation_matches_onnxruntime(activation, shape, we
     w = random_array(2, weight, np.float32, -1, 1)
     b = random_array(3, weight[:1], np.float32)
     conv = {"group": group, "kernel_shape": weight[2:], "pads": (weight[2] // 2,) * 4}
-    fused = {"activation": "Relu"} if activation == "Relu" else \
-        encode([Step("HardSigmoid", gate=True, params=(1 / 6, 0.5))])
+    fused = {"Relu": {"activation": "Relu"},
+             "HardSwish": encode([Step("HardSigmoid", gate=True, params=(1 / 6, 0.5))]),
+             "SiLU": encode([Step("Sigmoid", gate=True)])}[activation]
     got = run_kernel("Conv", [x, w, b], {**conv, **fused})[0]
-    want = run_ort(activation, run_ort("Conv", [x, w, b], conv))[0]
+    y = run_ort("Conv", [x, w, b], conv)[0]
+    want = run_ort("Mul", [y, run_ort("Sigmoid", [y])[0]])[0] if activation == "SiLU" else \
+        run_ort(activation, [y])[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
