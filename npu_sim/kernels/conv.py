@@ -38,8 +38,9 @@ from numba import njit
 from ..epilogue import input_scale
 from ..errors import KernelError
 from . import blas
+from .bias_fused import bias_and_epilogue
 from .depthwise import depthwise
-from .gemm import finish, same_dtype, to_compute
+from .gemm import finish, rounded, same_dtype, to_compute
 from .limits import check_elements
 from .registry import kernel
 
@@ -417,6 +418,8 @@ def conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[
         w32 = _scaled_weights(w32, group, inputs, attrs)
     y = conv_nd(to_compute("Conv", "X", x), w32, group, win)
     if bias is not None:
+        if bias_and_epilogue("Conv", y, bias, attrs):
+            return [rounded(y, dtype)]
         add_bias(y, bias)
     return [finish(y, attrs, dtype, "Conv", inputs)]
 

@@ -75,6 +75,11 @@ def finish(y: np.ndarray, attrs: Mapping[str, Any], dtype: np.dtype, op: str = "
         from .epilogue import apply_epilogue  # lazy: it imports the activations module
 
         y = apply_epilogue(op, y, attrs, inputs)
+    return rounded(y, dtype)
+
+
+def rounded(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The float32 result ``y`` rounded once to the output ``dtype``, C-contiguous."""
     out = y.astype(dtype, copy=False)
     # (np.ascontiguousarray would turn a 0-d result, 1-D @ 1-D, into shape (1,))
     return out if out.flags.c_contiguous else out.copy(order="C")
