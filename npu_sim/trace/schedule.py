@@ -70,15 +70,17 @@ class Clock:
     def run(self) -> None:
         """Run every action, and the actions they schedule, until none is left."""
         later, urgent, normal = self._later, self._urgent, self._normal
+        urgent_next, normal_next = urgent.popleft, normal.popleft
+        now = self.now  # a local copy: only this loop moves the clock
         while True:
             if urgent:
-                urgent.popleft()()
-            elif later and later[0][0] == self.now:
+                urgent_next()()
+            elif later and later[0][0] == now:
                 heappop(later)[2]()
             elif normal:
-                normal.popleft()()
+                normal_next()()
             elif later:
-                self.now = later[0][0]
+                now = self.now = later[0][0]
             else:
                 return
 
