@@ -249,6 +249,7 @@ class _Elastic:
         self.splits: dict[int, int] = cached[0]
         self.costs: dict[tuple[int, int], Any] = cached[1]
         self.sized: dict[tuple[int, str], tuple] = {}  # per chunk size: link, cycles, energy
+        self.setup = config.dma_setup_cycles
         self.joined: list[tuple[TraceRecord, int, int]] = []
         self.clock = clock = Clock()
         self.cores = [Resource(clock) for _ in range(config.cores)]
@@ -408,20 +409,18 @@ class _Elastic:
             fresh = list(range(self.next_id, self.next_id + max(len(pieces) - len(old), 0)))
             self.next_id += len(fresh)
             ids = (old[:-1] + fresh)[:len(pieces) - 1] + [old[-1]]
-            chunks = []
+            count, chunk, at = len(pieces), self._chunk, clock.at
+            done = _Countdown(count, partial(clock.soon, finished.fire)).step
             for i, (off, n) in enumerate(pieces):
-                chunk = Event()
-                chunks.append(chunk)
-                clock.at(0, partial(self._chunk, transfer, ids[i], off, n, i, len(pieces),
-                                    submit, ready_at, chunk), URGENT)
-            each(chunks, lambda: clock.soon(finished.fire))
+                at(0, partial(chunk, transfer, ids[i], off, n, i, count, submit, ready_at, done),
+                   URGENT)
 
         self._after(deps, delay, ready)
 
     def _chunk(self, transfer: _Transfer, rid: int, off: int, n: int, index: int, count: int,
-               submit: int, ready: int, finished: Event) -> None:
+               submit: int, ready: int, done: Action) -> None:
         """One chunk: take a channel, spend the setup on it, then hold the link (or the HBM
-        port) for the chunk's bytes."""
+        port) for the chunk's bytes; ``done`` one step after."""
         clock, channels = self.clock, self.channels
         got = channels.get()
         sized = self.sized.get((n, transfer.direction))
@@ -432,7 +431,7 @@ class _Elastic:
                 link, cycles, self.links[link],
                 chunk_energy(cfg, n, transfer.direction == "d2d"))
         link, cycles, port, energy = sized
-        at, setup = clock.at, self.config.dma_setup_cycles
+        at, setup = clock.at, self.setup
 
         def moved(start: int) -> None:
             port.release()
@@ -444,7 +443,7 @@ class _Elastic:
                 self.out[rid] = entry
             else:
                 self.extra.append(entry)
-            clock.soon(finished.fire)
+            clock.soon(done)
 
         def linked() -> None:
             port.request().then(partial(at, cycles, partial(moved, start)))
@@ -456,6 +455,21 @@ class _Elastic:
 
         start = 0
         got.then(granted)
+
+
+class _Countdown:
+    """Runs ``action`` at the last of ``count`` steps: a transfer done with its last chunk (what
+    waiting on each chunk's event in turn comes to, for a fraction of the events)."""
+
+    __slots__ = ("left", "action")
+
+    def __init__(self, count: int, action: Action) -> None:
+        self.left, self.action = count, action
+
+    def step(self) -> None:
+        self.left -= 1
+        if not self.left:
+            self.action()
 
 
 def _transfers(records: tuple[TraceRecord, ...]) -> dict[int, _Transfer]:
