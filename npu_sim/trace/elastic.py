@@ -422,7 +422,6 @@ class _Elastic:
         """One chunk: take a channel, spend the setup on it, then hold the link (or the HBM
         port) for the chunk's bytes; ``done`` one step after."""
         clock, channels = self.clock, self.channels
-        got = channels.get()
         sized = self.sized.get((n, transfer.direction))
         if sized is None:
             cfg = self.config
@@ -433,9 +432,8 @@ class _Elastic:
         link, cycles, port, energy = sized
         at, setup = clock.at, self.setup
 
-        def moved(start: int) -> None:
+        def moved(start: int, ch: int) -> None:
             port.release()
-            ch = got.value
             channels.put(ch)
             entry = (rid, start, clock.now, "dma", transfer, submit, ready, ch, n, off, index,
                      count, link, energy)
@@ -445,16 +443,10 @@ class _Elastic:
                 self.extra.append(entry)
             clock.soon(done)
 
-        def linked() -> None:
-            port.request().then(partial(at, cycles, partial(moved, start)))
+        def granted(ch: int) -> None:
+            at(setup, partial(port.acquire, partial(at, cycles, partial(moved, clock.now, ch))))
 
-        def granted() -> None:
-            nonlocal start
-            start = clock.now
-            at(setup, linked)
-
-        start = 0
-        got.then(granted)
+        channels.take(granted)
 
 
 class _Countdown:
