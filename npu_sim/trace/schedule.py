@@ -70,15 +70,17 @@ class Clock:
     def run(self) -> None:
         """Run every action, and the actions they schedule, until none is left."""
         later, urgent, normal = self._later, self._urgent, self._normal
+        urgent_next, normal_next = urgent.popleft, normal.popleft
+        now = self.now  # a local copy: only this loop moves the clock
         while True:
             if urgent:
-                urgent.popleft()()
-            elif later and later[0][0] == self.now:
+                urgent_next()()
+            elif later and later[0][0] == now:
                 heappop(later)[2]()
             elif normal:
-                normal.popleft()()
+                normal_next()()
             elif later:
-                self.now = later[0][0]
+                now = self.now = later[0][0]
             else:
                 return
 
@@ -143,14 +145,19 @@ class Resource:
     def __init__(self, clock: Clock, capacity: int = 1) -> None:
         self.clock = clock
         self.free = capacity
-        self.queue: deque[Event] = deque()
+        self.queue: deque[Action] = deque()
 
     def request(self) -> Event:
         """An event that happens when a unit is granted."""
         granted = Event()
-        self.queue.append(granted)
-        self._grant()
+        self.acquire(granted.fire)
         return granted
+
+    def acquire(self, action: Action) -> None:
+        """Run ``action`` when a unit is granted: ``request().then(action)`` without the
+        event (the step that fires the event runs ``action`` itself)."""
+        self.queue.append(action)
+        self._grant()
 
     def release(self) -> None:
         """Give a unit back; the next request gets it one step later."""
@@ -160,7 +167,7 @@ class Resource:
     def _grant(self) -> None:
         if self.queue and self.free:
             self.free -= 1
-            self.clock.soon(self.queue.popleft().fire)
+            self.clock.soon(self.queue.popleft())
 
 
 class Pool:
@@ -171,14 +178,19 @@ class Pool:
     def __init__(self, clock: Clock, items: Iterable[Any]) -> None:
         self.clock = clock
         self.items = list(items)
-        self.queue: deque[Event] = deque()
+        self.queue: deque[Callable[[Any], None]] = deque()
 
     def get(self) -> Event:
         """An event that happens when an item is handed over; the item is its ``value``."""
         got = Event()
-        self.queue.append(got)
-        self._hand()
+        self.take(partial(_deliver, got))
         return got
+
+    def take(self, action: Callable[[Any], None]) -> None:
+        """Run ``action(item)`` when an item is handed over: ``get().then(...)`` without the
+        event."""
+        self.queue.append(action)
+        self._hand()
 
     def put(self, item: Any) -> None:
         """Return ``item``; the next request gets it one step later."""
@@ -187,6 +199,9 @@ class Pool:
 
     def _hand(self) -> None:
         if self.queue and self.items:
-            got = self.queue.popleft()
-            got.value = self.items.pop(0)
-            self.clock.soon(got.fire)
+            self.clock.soon(partial(self.queue.popleft(), self.items.pop(0)))
+
+
+def _deliver(event: Event, item: Any) -> None:
+    event.value = item
+    event.fire()

@@ -61,7 +61,9 @@ def _on_simpy(spec) -> list[tuple]:
     return log
 
 
-def _on_clock(spec) -> list[tuple]:
+def _on_clock(spec, direct: bool = False) -> list[tuple]:
+    """``spec`` on a :class:`Clock`; ``direct``: odd jobs wait with ``Pool.take`` and (on one
+    unit) ``Resource.acquire`` instead of the events of ``get`` and ``request``."""
     clock = Clock()
     units = {"core0": Resource(clock), "core1": Resource(clock), "link": Resource(clock)}
     pool = Pool(clock, [0, 1])
@@ -71,6 +73,18 @@ def _on_clock(spec) -> list[tuple]:
     def job(i, delay, deps, unit, hold, finished):
         def ready():
             log.append((i, "ready", clock.now))
+            if unit == "pool" and direct and i % 2:
+                def taken(item):
+                    log.append((i, "got", item, clock.now))
+
+                    def held():
+                        pool.put(item)
+                        end()
+
+                    clock.at(hold, held)
+
+                pool.take(taken)
+                return
             if unit == "pool":
                 got = pool.get()
 
@@ -97,7 +111,10 @@ def _on_clock(spec) -> list[tuple]:
 
                 clock.at(hold, held)
 
-            each([units[n].request() for n in names], start)
+            if direct and i % 2 and len(names) == 1:
+                units[unit].acquire(start)
+            else:
+                each([units[n].request() for n in names], start)
 
         def end():
             log.append((i, "end", clock.now))
@@ -122,6 +139,13 @@ def _on_clock(spec) -> list[tuple]:
 @given(jobs)
 def test_the_scheduler_keeps_simpys_order_step_for_step(spec):
     assert _on_clock(spec) == _on_simpy(spec)
+
+
+@settings(max_examples=300, deadline=None)
+@given(jobs)
+def test_acquire_and_take_keep_simpys_order_step_for_step(spec):
+    """What DMA chunks wait with: a waiter queued itself takes the step its event would."""
+    assert _on_clock(spec, direct=True) == _on_simpy(spec)
 
 
 @settings(max_examples=20, deadline=None)
