@@ -192,6 +192,13 @@ def _check_tiling(view: memoryview, header: L.ContextHeader,
 _WORKERS = min(2, os.cpu_count() or 1)
 
 
+_INLINE_BYTES = 32 << 20
+"""A weights section up to this size is checksummed on the loading thread before the records
+are decoded (ISA-L: about 1 ms for 20 MiB). Handing it to the threads saved nothing on the
+median load of MobileNet-V3 (10 MiB) or EfficientNet (21 MiB), and starting them made the
+first load of a process ~0.5 ms slower; larger binaries (BERT, GPT-2) keep the threads."""
+
+
 @functools.cache
 def _pool() -> ThreadPoolExecutor:
     """The checksum threads, started once: starting two threads per load cost ~2.5 ms of a
@@ -245,6 +252,13 @@ def _weight_blocks(view: memoryview, section: int, weights: L.SectionEntry,
             for i, crc in enumerate(crcs)]
 
 
+def _verify(blocks: list[_Block], crcs: list[int]) -> None:
+    """Raise the error of the first block whose computed CRC-32 is not the stored one."""
+    bad = next((k for k, b in enumerate(blocks) if crcs[k] != b.crc32), None)
+    if bad is not None:
+        raise blocks[bad].error(crcs[bad]) from None
+
+
 def _crc32_then_drop(block: memoryview) -> int:
     """The CRC-32 of a weights block; a mapped block's pages then leave the resident set (they
     stay in the page cache): opening a binary does not hold its weights in memory twice."""
@@ -294,16 +308,17 @@ class ContextBinary:
         # The weights' blocks are verified while the records are decoded; a bad block is
         # reported first (checksums come before records), and nothing is returned before
         # every block is verified.
-        checks = [_pool().submit(_crc32_then_drop, view[block.start : block.end])
-                  for block in blocks]
-        time.sleep(0)  # hand the GIL over: the workers start now, not 5 ms into the decoding
-        try:
+        if weights.length <= _INLINE_BYTES:
+            _verify(blocks, [_crc32_then_drop(view[b.start : b.end]) for b in blocks])
             programs = decoder.graphs()
-        finally:
-            crcs = [c.result() for c in checks]  # every view released before anything raises
-            bad = next((k for k, b in enumerate(blocks) if crcs[k] != b.crc32), None)
-            if bad is not None:
-                raise blocks[bad].error(crcs[bad]) from None
+        else:
+            checks = [_pool().submit(_crc32_then_drop, view[block.start : block.end])
+                      for block in blocks]
+            time.sleep(0)  # hand the GIL over: the workers start now, not 5 ms into decoding
+            try:
+                programs = decoder.graphs()
+            finally:  # every view released before anything raises
+                _verify(blocks, [c.result() for c in checks])
         self._programs = programs
         self._sources = decoder.sources
         self._digests = decoder.digests(list(programs))

@@ -23,9 +23,9 @@ from .external_weights import ExternalRef
 
 _TAGS = frozenset(L.AttrTag)
 """Valid attribute tags (built once: iterating the enum per attribute cost ~1 ms a load)."""
-_INT, _FLOAT, _STRING, _BYTES, _INTS, _FLOATS = (
+_INT, _FLOAT, _STRING, _BYTES, _INTS, _FLOATS, _STRINGS = (
     int(L.AttrTag.INT), int(L.AttrTag.FLOAT), int(L.AttrTag.STRING), int(L.AttrTag.BYTES),
-    int(L.AttrTag.INTS), int(L.AttrTag.FLOATS))
+    int(L.AttrTag.INTS), int(L.AttrTag.FLOATS), int(L.AttrTag.STRINGS))
 
 
 _REGIONS = {int(r): r for r in Region}
@@ -279,16 +279,16 @@ class Decoder:
 
     def launches(self, cur: _Cursor, count: int, n_tensors: int) -> tuple[KernelLaunch, ...]:
         out: list[KernelLaunch] = []
-        try:
-            for _ in range(count):
+        for i in range(count):
+            try:
                 out.append(self._launch_unnamed(cur, n_tensors))
-        except (struct.error, IndexError, ValueError):
-            out.extend(self.launch(cur, i, n_tensors) for i in range(len(out), count))
+            except (struct.error, IndexError, ValueError):  # names what is wrong, or decodes
+                out.append(self.launch(cur, i, n_tensors))
         return tuple(out)
 
     def _launch_unnamed(self, cur: _Cursor, n_tensors: int) -> KernelLaunch:
-        """One launch of the common kinds (attributes INT, FLOAT, STRING, INTS, FLOATS), or
-        ValueError / IndexError / struct.error with ``cur`` left at its start."""
+        """One well-formed launch, or ValueError / IndexError / struct.error with ``cur`` left
+        at its start (:meth:`launch` then names what is wrong)."""
         view, strings, pos = cur.view, self.strings, cur.pos
         op_id, node_id, n_in, n_out, n_attrs = L.LAUNCH.unpack_from(view, pos)
         pos += L.LAUNCH.size
@@ -319,8 +319,19 @@ class Decoder:
                 attrs[name] = struct.unpack_from(f"<{n}{'q' if tag == _INTS else 'd'}", view,
                                                  pos + 4)
                 pos += 4 + 8 * n
+            elif tag == _BYTES:
+                (n,) = L.COUNT.unpack_from(view, pos)
+                if pos + 4 + n > len(view):
+                    raise ValueError("bytes past the section's end")
+                attrs[name] = view[pos + 4 : pos + 4 + n].tobytes()
+                pos += 4 + n
+            elif tag == _STRINGS:
+                (n,) = L.COUNT.unpack_from(view, pos)
+                attrs[name] = tuple(strings[s] for s in struct.unpack_from(f"<{n}I", view,
+                                                                          pos + 4))
+                pos += 4 + 4 * n
             else:
-                raise ValueError("attribute of another kind")
+                raise ValueError("malformed attribute tag")
         launch = KernelLaunch(op=strings[op_id], inputs=inputs, outputs=outputs, attrs=attrs,
                               node=strings[node_id])
         cur.pos = pos

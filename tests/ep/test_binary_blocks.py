@@ -16,6 +16,7 @@ import pytest
 
 from ep.errors import InvalidArgument, InvalidGraph
 from ep.npusim import binary_layout as L
+from ep.npusim import binary_reader
 from ep.npusim.binary import ContextBinary, pack_context
 from firmware_model import Firmware
 from firmware_model.program import Program, Region, TensorDesc
@@ -61,6 +62,15 @@ def reseal(data: bytearray) -> bytes:
 LARGE = program([(3 * BLOCK + 100, 0), (700, 3 * BLOCK + 512)])
 
 
+@pytest.fixture(params=["inline", "threads"])
+def verifier(request, monkeypatch):
+    """Both ways blocks are verified: on the loading thread (small sections) or by the
+    checksum threads while the records are decoded (sections over ``_INLINE_BYTES``)."""
+    if request.param == "threads":
+        monkeypatch.setattr(binary_reader, "_INLINE_BYTES", 0)
+    return request.param
+
+
 def test_block_table_covers_the_weights_section():
     data = packed(LARGE)
     (_, weights), (_, table) = sections(data)["weights"], sections(data)["weight_checksums"]
@@ -72,7 +82,7 @@ def test_block_table_covers_the_weights_section():
     assert list(crcs) == [zlib.crc32(body[i:i + BLOCK]) for i in range(0, len(body), BLOCK)]
 
 
-def test_every_block_is_verified_and_a_bad_one_is_named_with_its_range():
+def test_every_block_is_verified_and_a_bad_one_is_named_with_its_range(verifier):
     data = packed(LARGE)
     index, weights = sections(data)["weights"]
     for k in range(4):
@@ -86,7 +96,7 @@ def test_every_block_is_verified_and_a_bad_one_is_named_with_its_range():
                    f"[{k * BLOCK}, {end}) of the section)" in info.value.message
 
 
-def test_a_bad_block_is_reported_before_a_bad_record():
+def test_a_bad_block_is_reported_before_a_bad_record(verifier):
     """Checksums come before records: with both wrong, the block is what is reported."""
     data = bytearray(packed(LARGE))
     _, weights = sections(bytes(data))["weights"]

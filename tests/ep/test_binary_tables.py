@@ -104,3 +104,22 @@ def test_a_string_that_is_not_utf8_is_named():
     data = patched(data, 4 + 4 * count + first, "<B", 0xFF, kind="strings")
     with pytest.raises(InvalidGraph, match=r"section strings: string 1 is not valid UTF-8"):
         ContextBinary.from_bytes(data)
+
+
+BLOB_ATTRS = {"blob": b"\x00\x01", "names": ("a", "b")}
+BLOB_LAUNCH = L.LAUNCH.size + 4 + 4 + (L.ATTR.size + 4 + 2) + (L.ATTR.size + 4 + 2 * 4)
+
+
+@pytest.mark.parametrize("where, message", [
+    (L.ATTR.size, r"graph 'g': launch 1 attribute 'blob' needs 1000000 bytes"),
+    (L.ATTR.size + 4 + 2 + L.ATTR.size + 4,
+     r"graph 'g', launch 1 attribute 'names': string id 1000000 is out of range"),
+])
+def test_a_wrong_bytes_or_strings_attribute_after_good_ones_is_named(where, message):
+    prog = program(tuple(KernelLaunch("Relu", (0,), (1,), BLOB_ATTRS, f"n{k}")
+                         for k in range(3)))
+    assert ContextBinary.from_bytes(packed(prog)).program("g") == prog
+    data = patched(packed(prog), launch_at(0) + BLOB_LAUNCH + L.LAUNCH.size + 8 + where, "<I",
+                   10**6)
+    with pytest.raises(InvalidGraph, match=message):
+        ContextBinary.from_bytes(data)
