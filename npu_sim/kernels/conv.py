@@ -40,7 +40,7 @@ from ..errors import KernelError
 from . import blas
 from .bias_fused import bias_and_epilogue
 from .depthwise import depthwise
-from .gemm import finish, rounded, same_dtype, to_compute
+from .gemm import computes_into, finish, landed, rounded, same_dtype, to_compute
 from .limits import check_elements
 from .registry import kernel
 
@@ -410,19 +410,6 @@ def _scaled_weights(w: np.ndarray, group: int, inputs: Sequence[np.ndarray | Non
     return w * s.reshape(1, c, *(1,) * (w.ndim - 2)).astype(np.float32, copy=False)
 
 
-def computes_into(out: Sequence[np.ndarray | None] | None, shape: tuple[int, ...],
-                  dtype: np.dtype) -> np.ndarray | None:
-    """The first ``out=`` array (:attr:`.registry.Kernel.writes_into`) if a float32 result of
-    ``shape`` can be computed in it: the output is float32 (so rounding copies nothing) and the
-    array is writable, C-contiguous, of that shape and dtype; else None."""
-    target = out[0] if out else None
-    if target is None or dtype != np.float32 or target.dtype != np.float32 or \
-            target.shape != shape or not target.flags.c_contiguous or \
-            not target.flags.writeable:
-        return None
-    return target
-
-
 @kernel("Conv", writes_into=True)
 def conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
          out: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
@@ -443,14 +430,6 @@ def conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
         add_bias(y, bias)
     return [landed(into, finish(y, attrs, dtype, "Conv", inputs))]
 
-
-def landed(into: np.ndarray | None, result: np.ndarray) -> np.ndarray:
-    """``into`` itself when ``result`` is its bytes (a same-shaped view of it: the caller then
-    copies nothing), else ``result``."""
-    if into is not None and result.shape == into.shape and result.dtype == into.dtype and \
-            result.ctypes.data == into.ctypes.data:
-        return into
-    return result
 
 
 def transpose_window(
