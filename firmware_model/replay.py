@@ -20,6 +20,9 @@ What makes it exact:
   other, and computing every kernel at once in command order (a topological order) reads and
   writes exactly what the simulation does. Compiled programs are built that way
   (``ep.npusim.compiler.emit``); anything else always takes the simulation.
+- *No copy.* A kernel registered ``writes_into`` (Conv, Gemm, MatMul) gets its outputs' arena
+  views as ``out=`` and computes there, unless an output's bytes overlap one of the launch's
+  inputs (the arena reuses memory): that output keeps the copy from a result of its own.
 - *When.* Recording and replay need an idle firmware and device (nothing submitted and not yet
   drained, no simpy event pending): the schedule is then a function of the program alone. A
   kernel registered again since the recording invalidates it.
@@ -128,6 +131,16 @@ class _Step:
     inputs: list[np.ndarray | None]
     outputs: list[np.ndarray]
     attrs: dict[str, Any]
+    into: list[np.ndarray | None] | None
+    """``out=`` for a kernel that :attr:`~registry.Kernel.writes_into` (:func:`_into`)."""
+
+
+def _into(inputs: Sequence[np.ndarray | None],
+          outputs: Sequence[np.ndarray]) -> list[np.ndarray | None]:
+    """Each output view a kernel may compute into: None where its bytes overlap an input's (the
+    arena reuses memory; writing there would change what the kernel still reads)."""
+    return [None if any(a is not None and np.may_share_memory(out, a) for a in inputs)
+            else out for out in outputs]
 
 
 def _typed_view(loaded: LoadedProgram, tensor: int, *, writable: bool) -> np.ndarray:
@@ -148,12 +161,11 @@ def _steps(loaded: LoadedProgram) -> list[_Step]:
         if isinstance(c, Kernel):
             launch = launches[c.launch]
             entry = registry.lookup(launch.op, launch.node)
-            steps.append(_Step(
-                entry, entry.values,
-                [None if t < 0 else _typed_view(loaded, t, writable=False)
-                 for t in launch.inputs],
-                [_typed_view(loaded, t, writable=True) for t in launch.outputs],
-                dict(launch.attrs)))
+            inputs = [None if t < 0 else _typed_view(loaded, t, writable=False)
+                      for t in launch.inputs]
+            outputs = [_typed_view(loaded, t, writable=True) for t in launch.outputs]
+            steps.append(_Step(entry, entry.values, inputs, outputs, dict(launch.attrs),
+                               _into(inputs, outputs) if entry.writes_into else None))
     return steps
 
 
@@ -307,14 +319,18 @@ class Schedule:
         """Every kernel in command order; False if one raised or returned the wrong thing."""
         for step in self.steps:
             try:
-                results = step.values(step.inputs, dict(step.attrs))
+                if step.into is None:
+                    results = step.values(step.inputs, dict(step.attrs))
+                else:  # the kernel may compute straight into its outputs' arena bytes
+                    results = step.values(step.inputs, dict(step.attrs), out=step.into)
                 if len(results) < len(step.outputs):
                     return False
                 for out, value in zip(step.outputs, results, strict=False):
                     if getattr(value, "shape", None) != out.shape or \
                             getattr(value, "dtype", None) != out.dtype:
                         return False
-                    out[...] = value
+                    if value is not out:
+                        out[...] = value
             except Exception:  # the simulation reports it, exactly as it always does
                 return False
         return True

@@ -104,8 +104,14 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
             return np.matmul(a, b, out=out)
         with threads_for(macs):
             return np.matmul(a, b, out=out)
+    columns = out.shape[-1]
     with nullcontext() if _depth else one_thread():
-        spread(rows, lambda lo, hi: np.matmul(a[..., lo:hi, :], b, out=out[..., lo:hi, :]))
+        if b.ndim >= 2 and columns > rows:
+            # A convolution's wide GEMM (few output channels, many pixels): split by columns,
+            # so each thread streams only its share of the unfolded matrix, not all of it.
+            spread(columns, lambda lo, hi: np.matmul(a, b[..., lo:hi], out=out[..., lo:hi]))
+        else:
+            spread(rows, lambda lo, hi: np.matmul(a[..., lo:hi, :], b, out=out[..., lo:hi, :]))
     return out
 
 

@@ -40,7 +40,7 @@ from ..errors import KernelError
 from . import blas
 from .bias_fused import bias_and_epilogue
 from .depthwise import depthwise
-from .gemm import finish, rounded, same_dtype, to_compute
+from .gemm import computes_into, finish, landed, rounded, same_dtype, to_compute
 from .limits import check_elements
 from .registry import kernel
 
@@ -323,13 +323,16 @@ _cached_geometry = functools.lru_cache(maxsize=4096)(_geometry)
 
 
 def conv_nd(
-    x: np.ndarray, w: np.ndarray, group: int, win: Window, op: str = "Conv"
+    x: np.ndarray, w: np.ndarray, group: int, win: Window, op: str = "Conv",
+    into: np.ndarray | None = None,
 ) -> np.ndarray:
     """Grouped N-d correlation of ``x`` (N, C, *S) with ``w`` (M, C/group, *K), no bias.
 
     Shapes must already be validated (:func:`check_conv`, :func:`window`); ``x`` and ``w`` share
     the compute dtype (float32, or float64 for exact integer convolution). ``op`` names the
     kernel in a :class:`KernelError` when the output or a temporary would exceed the size limit.
+    The result is ``into`` when given (C-contiguous, the output's shape and ``x``'s dtype,
+    sharing no memory with ``x`` or ``w``), else a new array.
     """
     n, c = x.shape[:2]
     m = w.shape[0]
@@ -342,13 +345,13 @@ def conv_nd(
         # 1x1 without padding: the receptive fields are the (strided) pixels themselves.
         view = x5[:, :, :: st3[0], :: st3[1], :: st3[2]][:, :, : out3[0], : out3[1], : out3[2]]
         w2 = w.reshape(m, c)
-        y = np.empty((n, m, pixels), x.dtype)
+        y = np.empty((n, m, pixels), x.dtype) if into is None else into.reshape(n, m, pixels)
         with np.errstate(all="ignore"):  # inf/NaN inputs give inf/NaN, not warnings
             for i in range(n):  # 2-D products: numpy hands those to BLAS without a batch loop
                 blas.matmul(w2, view[i].reshape(c, pixels), out=y[i])
         return y.reshape((n, m) + win.out)
     if group > 1 and w.shape[1] == 1:
-        y5 = depthwise(x5, np.ascontiguousarray(as5d(w)), st3, di3, pb3, out3)
+        y5 = depthwise(x5, np.ascontiguousarray(as5d(w)), st3, di3, pb3, out3, into)
         return y5.reshape((n, m) + win.out)
     rows = c * int(np.prod(k3))
     # pads, strides and dilations size the temporaries too, not only the output
@@ -357,7 +360,8 @@ def conv_nd(
     check_elements(op, "im2col matrix", (rows, pixels))
     wg = w.reshape(group, m // group, rows // group)
     cols = scratch((rows, pixels), x.dtype)
-    y = np.empty((n, group, m // group, pixels), x.dtype)
+    y = np.empty((n, group, m // group, pixels), x.dtype) if into is None else \
+        into.reshape(n, group, m // group, pixels)
     step = rows // group
     for i in range(n):
         im2col(x5[i], win, cols)
@@ -406,9 +410,11 @@ def _scaled_weights(w: np.ndarray, group: int, inputs: Sequence[np.ndarray | Non
     return w * s.reshape(1, c, *(1,) * (w.ndim - 2)).astype(np.float32, copy=False)
 
 
-@kernel("Conv")
-def conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[np.ndarray]:
-    """ONNX Conv (1-3 spatial dims, groups, depthwise, dilations, pads/auto_pad, bias)."""
+@kernel("Conv", writes_into=True)
+def conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
+         out: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
+    """ONNX Conv (1-3 spatial dims, groups, depthwise, dilations, pads/auto_pad, bias);
+    ``out``: see :attr:`.registry.Kernel.writes_into`."""
     x, w, b = _inputs("Conv", inputs)
     dtype = same_dtype("Conv", {"X": x, "W": w, "B": b})
     group, win = geometry(x.shape, w.shape, attrs)
@@ -416,12 +422,14 @@ def conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[
     w32 = to_compute("Conv", "W", w)
     if "input_scale" in attrs:
         w32 = _scaled_weights(w32, group, inputs, attrs)
-    y = conv_nd(to_compute("Conv", "X", x), w32, group, win)
+    into = computes_into(out, (x.shape[0], w.shape[0]) + win.out, dtype)
+    y = conv_nd(to_compute("Conv", "X", x), w32, group, win, into=into)
     if bias is not None:
         if bias_and_epilogue("Conv", y, bias, attrs):
-            return [rounded(y, dtype)]
+            return [landed(into, rounded(y, dtype))]
         add_bias(y, bias)
-    return [finish(y, attrs, dtype, "Conv", inputs)]
+    return [landed(into, finish(y, attrs, dtype, "Conv", inputs))]
+
 
 
 def transpose_window(

@@ -69,11 +69,13 @@ def _rows(x, w, st, di, pb, out, lo, hi):  # pragma: no cover - compiled
 
 
 def depthwise(x5: np.ndarray, w5: np.ndarray, st3: np.ndarray, di3: np.ndarray,
-              pb3: np.ndarray, out3: tuple[int, int, int]) -> np.ndarray:
+              pb3: np.ndarray, out3: tuple[int, int, int],
+              into: np.ndarray | None = None) -> np.ndarray:
     """Depthwise correlation of ``x5`` (N, C, D, H, W) with ``w5`` (M, 1, KD, KH, KW), no bias.
 
     ``st3``, ``di3``, ``pb3`` are the 3-D strides, dilations and leading pads (int64 arrays) and
-    ``out3`` the 3-D output size; returns a C-contiguous (N, M, *out3) array of ``x5``'s dtype.
+    ``out3`` the 3-D output size; returns a C-contiguous (N, M, *out3) array of ``x5``'s dtype:
+    ``into`` (any shape of that size, C-contiguous) when given.
     """
     n, c = x5.shape[:2]
     m = w5.shape[0]
@@ -88,4 +90,9 @@ def depthwise(x5: np.ndarray, w5: np.ndarray, st3: np.ndarray, di3: np.ndarray,
         _rows(*args, 0, rows)
     else:
         blas.spread(rows, lambda lo, hi: _rows(*args, lo, hi))
-    return np.ascontiguousarray(yt.transpose(0, 4, 1, 2, 3))
+    back = yt.transpose(0, 4, 1, 2, 3)
+    if into is None:
+        return np.ascontiguousarray(back)
+    y = into.reshape(back.shape)
+    np.copyto(y, back)
+    return y

@@ -78,6 +78,28 @@ def finish(y: np.ndarray, attrs: Mapping[str, Any], dtype: np.dtype, op: str = "
     return rounded(y, dtype)
 
 
+def computes_into(out: Sequence[np.ndarray | None] | None, shape: tuple[int, ...],
+                  dtype: np.dtype) -> np.ndarray | None:
+    """The first ``out=`` array (:attr:`.registry.Kernel.writes_into`) if a float32 result of
+    ``shape`` can be computed in it: the output is float32 (so rounding copies nothing) and the
+    array is writable, C-contiguous, of that shape and dtype; else None."""
+    target = out[0] if out else None
+    if target is None or dtype != np.float32 or target.dtype != np.float32 or \
+            target.shape != shape or not target.flags.c_contiguous or \
+            not target.flags.writeable:
+        return None
+    return target
+
+
+def landed(into: np.ndarray | None, result: np.ndarray) -> np.ndarray:
+    """``into`` itself when ``result`` is its bytes (a same-shaped view of it: the caller then
+    copies nothing), else ``result``."""
+    if into is not None and result.shape == into.shape and result.dtype == into.dtype and \
+            result.ctypes.data == into.ctypes.data:
+        return into
+    return result
+
+
 def rounded(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """The float32 result ``y`` rounded once to the output ``dtype``, C-contiguous."""
     out = y.astype(dtype, copy=False)
@@ -111,9 +133,11 @@ def matmul_shape(op: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) ->
     return out
 
 
-@kernel("MatMul")
-def matmul(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[np.ndarray]:
-    """ONNX MatMul: numpy ``matmul`` semantics (broadcast batch dims, 1-D operands).
+@kernel("MatMul", writes_into=True)
+def matmul(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
+           out: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
+    """ONNX MatMul: numpy ``matmul`` semantics (broadcast batch dims, 1-D operands); ``out``:
+    see :attr:`.registry.Kernel.writes_into`.
 
     The compiler's ``transB=1`` (a 2-D B stored transposed, see
     ``ep.npusim.compiler.rewrite.transposed_weights``) multiplies by ``B.T``.
@@ -124,20 +148,24 @@ def matmul(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> lis
             raise KernelError("MatMul", "", f"transB=1 needs a 2-D B, got shape {b.shape}")
         b = b.T
     dtype = same_dtype("MatMul", {"A": a, "B": b})
-    out = matmul_shape("MatMul", a.shape, b.shape)
+    shape = matmul_shape("MatMul", a.shape, b.shape)
     a32, b32 = to_compute("MatMul", "A", a), to_compute("MatMul", "B", b)
+    into = None
     with np.errstate(all="ignore"):  # inf/NaN operands give inf/NaN results, not warnings
         if a.ndim >= 2 and b.ndim >= 2:
-            y = blas.matmul(a32, b32)
+            into = computes_into(out, shape, dtype)
+            y = blas.matmul(a32, b32, out=into)
         else:
-            with blas.threads_for(math.prod(out) * a.shape[-1]):
+            with blas.threads_for(math.prod(shape) * a.shape[-1]):
                 y = np.matmul(a32, b32)
-    return [finish(np.asarray(y), attrs, dtype, "MatMul", inputs)]
+    return [landed(into, finish(np.asarray(y), attrs, dtype, "MatMul", inputs))]
 
 
-@kernel("Gemm")
-def gemm(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[np.ndarray]:
-    """ONNX Gemm: ``alpha * A' @ B' + beta * C`` with optional transposes and broadcast C."""
+@kernel("Gemm", writes_into=True)
+def gemm(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
+         out: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
+    """ONNX Gemm: ``alpha * A' @ B' + beta * C`` with optional transposes and broadcast C;
+    ``out``: see :attr:`.registry.Kernel.writes_into`."""
     if len(inputs) < 2 or inputs[0] is None or inputs[1] is None:
         raise KernelError("Gemm", "", f"needs inputs A and B, got {len(inputs)} inputs")
     a, b = inputs[0], inputs[1]
@@ -159,7 +187,8 @@ def gemm(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[
         )
     alpha = np.float32(attrs.get("alpha", 1.0))
     beta = np.float32(attrs.get("beta", 1.0))
-    y = blas.matmul(a32, b32)
+    into = computes_into(out, (a32.shape[0], b32.shape[1]), dtype)
+    y = blas.matmul(a32, b32, out=into)
     if alpha != 1.0:
         y *= alpha
     if c is not None:
@@ -170,7 +199,7 @@ def gemm(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> list[
             )
         c32 = to_compute("Gemm", "C", c)
         y += c32 if beta == 1.0 else beta * c32
-    return [finish(y, attrs, dtype, "Gemm", inputs)]
+    return [landed(into, finish(y, attrs, dtype, "Gemm", inputs))]
 
 
 def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:

@@ -38,13 +38,18 @@ class Kernel:
     name: str
     values: ValuesFn
     cycles: CyclesFn | None = None
+    writes_into: bool = False
+    """Whether ``values`` also takes ``out=``: per output, a writable C-contiguous array of the
+    output's shape and dtype (or None) that it may compute into and return, saving the copy;
+    the caller passes only arrays that share no memory with any input."""
 
 
 _KERNELS: dict[str, Kernel] = {}
 
 
 def register_kernel(
-    name: str, values: ValuesFn, *, cycles: CyclesFn | None = None, replace: bool = False
+    name: str, values: ValuesFn, *, cycles: CyclesFn | None = None, replace: bool = False,
+    writes_into: bool = False,
 ) -> Kernel:
     """Register ``values`` (and optionally ``cycles``) under ``name``.
 
@@ -55,16 +60,17 @@ def register_kernel(
         raise KernelError(str(name), "", "kernel name must be a non-empty string")
     if name in _KERNELS and not replace:
         raise KernelError(name, "", "a kernel is already registered under this name")
-    entry = Kernel(name, values, cycles)
+    entry = Kernel(name, values, cycles, writes_into)
     _KERNELS[name] = entry
     return entry
 
 
-def kernel(name: str, *, cycles: CyclesFn | None = None) -> Callable[[ValuesFn], ValuesFn]:
+def kernel(name: str, *, cycles: CyclesFn | None = None,
+           writes_into: bool = False) -> Callable[[ValuesFn], ValuesFn]:
     """Decorator form of :func:`register_kernel`."""
 
     def wrap(fn: ValuesFn) -> ValuesFn:
-        register_kernel(name, fn, cycles=cycles)
+        register_kernel(name, fn, cycles=cycles, writes_into=writes_into)
         return fn
 
     return wrap

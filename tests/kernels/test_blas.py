@@ -44,6 +44,7 @@ def test_one_thread_nests_and_restores_at_the_outermost_exit() -> None:
 
 @pytest.mark.parametrize(("a_shape", "b_shape"), [
     ((512, 2304), (2304, 196)),  # split by rows over the pool
+    ((16, 27), (27, 12544)),  # a wide convolution GEMM: split by columns
     ((1, 128, 768), (768, 3072)),  # broadcast batch
     ((12, 128, 64), (12, 64, 128)),  # batched
     ((3, 5), (5, 7)),  # small: one call
@@ -60,3 +61,13 @@ def test_matmul_equals_numpy(a_shape, b_shape) -> None:
     out = np.empty_like(want)
     assert blas.matmul(a, b, out=out) is out
     np.testing.assert_array_equal(out, got)
+
+
+def test_a_split_gemm_gives_the_bits_of_one_call() -> None:
+    """Split by rows or by columns, every element is the same dot product in the same order."""
+    r = np.random.default_rng(1)
+    for a_shape, b_shape in [((16, 27), (27, 12544)), ((512, 2304), (2304, 196))]:
+        a = r.standard_normal(a_shape).astype(np.float32)
+        b = r.standard_normal(b_shape).astype(np.float32)
+        with blas.one_thread():
+            np.testing.assert_array_equal(blas.matmul(a, b), np.matmul(a, b))
