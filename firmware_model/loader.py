@@ -33,7 +33,7 @@ from npu_sim.errors import InvalidCommand, NpuSimError
 from npu_sim.hbm import DeviceBuffer
 from npu_sim.kernels import blas, registry
 
-from . import replay
+from . import prune, replay
 from .commands import U32_MAX, Barrier, Command, Dma, Kernel, Signal, Wait, pack, unpack
 from .program import Program, Region, TensorDesc, split_reloc
 from .upload import host_address, host_bytes
@@ -382,6 +382,8 @@ class LoadedProgram:
         self._replayable: bool | None = None
         self._schedules: dict[tuple, replay.Schedule | None] = {}
         """Recorded runs by :func:`.replay.key`; later runs replay them (:mod:`.replay`)."""
+        self._pruned: dict[frozenset[int], list[Command]] = {}
+        """Command streams of partial runs by wanted outputs (:mod:`.prune`)."""
 
     def base(self, region: Region) -> int:
         """HBM address of ``region``."""
@@ -429,9 +431,14 @@ class LoadedProgram:
         return pack(self.commands)
 
     def run(self, inputs: Sequence[np.ndarray] | None, *, functional: bool = True,
-            queue: int = 0) -> list[np.ndarray | None]:
+            queue: int = 0, outputs: Sequence[int] | None = None) -> list[np.ndarray | None]:
         """Run once: inputs in, commands, outputs out; returns the outputs (``None`` each in
-        timing-only mode, where ``inputs`` may also be None). Raises DeviceFault on a fault."""
+        timing-only mode, where ``inputs`` may also be None). Raises DeviceFault on a fault.
+
+        ``outputs``: indices of the outputs wanted (default all). For a proper subset the run
+        is partial: only the commands those outputs need do work (:mod:`.prune`; the others
+        are NOPs), only they are downloaded, the others are returned as ``None``, and the run
+        is simulated, never replayed or recorded (:mod:`.replay`)."""
         prog, fw, device = self.program, self.firmware, self.firmware.device
         if not self.loaded:
             raise InvalidCommand(_SCOPE, f"program {prog.name!r} was unloaded")
@@ -443,15 +450,22 @@ class LoadedProgram:
         # streamed upload: let those land first.
         fw.weights.settle([e for e in self.arrivals(prog.outputs) if not e.processed])
         host_out = [np.zeros(t.shape, dtypes.to_numpy(t.dtype)) for t in prog.output_descs()]
+        wanted = frozenset(range(len(host_out)) if outputs is None else outputs)
+        partial = len(wanted) < len(host_out)
+        body = self.commands
+        if partial:
+            body = self._pruned.get(wanted)
+            if body is None:
+                body = self._pruned[wanted] = prune.pruned(self, wanted)
         key = replay.key(self, functional, queue)
-        schedule = self._schedules.get(key) if self.replay else None
+        schedule = self._schedules.get(key) if self.replay and not partial else None
         if schedule is not None and _replayed(schedule, self, host_in, host_out):
             self.last_run_cycles = schedule.cycles
             return list(host_out) if functional else [None] * len(host_out)
         if self._replayable is None:
             self._replayable = replay.replayable(self)
         before = replay.Schedule.begin(self, queue) if self._replayable and self.replay and \
-            schedule is None else None
+            schedule is None and not partial else None
         used = {c.semaphore for c in self.commands if isinstance(c, (Signal, Wait))}
         fw.reset_semaphores(sorted(used))
         mapped: list[int] = []
@@ -461,8 +475,8 @@ class LoadedProgram:
             post: list[Command] = []
             for arrays, indices, out in ((host_in, prog.inputs, pre),
                                          (host_out, prog.outputs, post)):
-                for array, index in zip(arrays, indices, strict=True):
-                    if not array.nbytes:
+                for k, (array, index) in enumerate(zip(arrays, indices, strict=True)):
+                    if not array.nbytes or (out is post and k not in wanted):
                         continue
                     iova = device.map_host(array)
                     mapped.append(iova)
@@ -472,7 +486,7 @@ class LoadedProgram:
                         raise InvalidCommand(_SCOPE, "command ids exhausted for I/O DMAs")
                     out.append(Dma(io_id, src, dst, array.nbytes))
                     io_id += 1
-            stream = [*pre, Barrier(io_id), *self.commands, Barrier(io_id + 1), *post]
+            stream = [*pre, Barrier(io_id), *body, Barrier(io_id + 1), *post]
             self.last_run_cycles = None
             start = device.now
             with blas.one_thread():  # see npu_sim.kernels.blas: once per run, not per kernel
@@ -486,7 +500,9 @@ class LoadedProgram:
         finally:
             for iova in mapped:
                 device.unmap_host(iova)
-        return list(host_out) if functional else [None] * len(host_out)
+        if not functional:
+            return [None] * len(host_out)
+        return [a if k in wanted else None for k, a in enumerate(host_out)]
 
     def _host_inputs(self, inputs: Sequence[np.ndarray] | None,
                      functional: bool) -> list[np.ndarray]:
@@ -520,6 +536,7 @@ class LoadedProgram:
         self.arena = self.weights = self.placement = None
         self._operands.clear()
         self._schedules.clear()
+        self._pruned.clear()
         self.loaded = False
 
 

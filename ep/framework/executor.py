@@ -40,15 +40,18 @@ class PlanExecutor:
         for k, part in enumerate(plan.partitions):
             for name in part.outputs:
                 self._producer[name] = k
-        self._plans: dict[tuple[str, ...], tuple[list[int], dict[str, int]]] = {}
+        self._plans: dict[tuple[str, ...], tuple[list[int], dict[str, int],
+                                                 dict[int, tuple[bool, ...]]]] = {}
         self.last_ran: list[str] = []
         """Names of the partitions the latest run executed, in order."""
 
-    def _schedule(self, wanted: tuple[str, ...]) -> tuple[list[int], dict[str, int]]:
+    def _schedule(self, wanted: tuple[str, ...]
+                  ) -> tuple[list[int], dict[str, int], dict[int, tuple[bool, ...]]]:
         """The partitions ``wanted`` needs (every one that produces, directly or through others,
-        a wanted output), in plan order, and where each tensor is last read among them. Partial
-        runs (``run(output_names=[...])``) execute only these, as PPLNN's partial execution
-        does; cached per output set."""
+        a wanted output), in plan order, where each tensor is last read among them, and for a
+        partition some of whose outputs nothing needs, which ones are (what
+        :meth:`CompiledNode.run_partial` gets). Partial runs (``run(output_names=[...])``)
+        execute only these, as PPLNN's partial execution does; cached per output set."""
         cached = self._plans.get(wanted)
         if cached is not None:
             return cached
@@ -66,8 +69,14 @@ class PlanExecutor:
         for k in order:
             for name in self.plan.partitions[k].inputs:
                 last_use[name] = k
-        self._plans[wanted] = (order, last_use)
-        return order, last_use
+        used = set(wanted) | set(last_use)
+        subsets: dict[int, tuple[bool, ...]] = {}
+        for k in order:
+            mask = tuple(name in used for name in self.plan.partitions[k].outputs)
+            if not all(mask):
+                subsets[k] = mask
+        self._plans[wanted] = (order, last_use, subsets)
+        return order, last_use, subsets
 
     def run(
         self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str] | None = None
@@ -80,7 +89,7 @@ class PlanExecutor:
                 raise InvalidArgument(f"Invalid output name:{name}")
         env = check_feeds(graph, feeds)
         keep = set(wanted)
-        order, last_use = self._schedule(tuple(wanted))
+        order, last_use, subsets = self._schedule(tuple(wanted))
         self.last_ran = []
         for k in order:
             part = self.plan.partitions[k]
@@ -88,13 +97,17 @@ class PlanExecutor:
                 continue
             self.last_ran.append(part.name)
             args = [self._value(env, name) for name in part.inputs]
-            results = self.compiled[part.name].run(args)
+            mask = subsets.get(k)
+            node = self.compiled[part.name]
+            results = node.run(args) if mask is None else node.run_partial(args, mask)
             if len(results) != len(part.outputs):
                 raise EPFail(
                     f"{part.provider} partition {part.name!r} returned {len(results)} outputs, "
                     f"expected {len(part.outputs)} {part.outputs}"
                 )
-            env.update(zip(part.outputs, results, strict=True))
+            env.update((name, value) for name, value, use in
+                       zip(part.outputs, results, mask or (True,) * len(results), strict=True)
+                       if use)
             for name in part.inputs:
                 if last_use[name] == k and name not in keep:
                     env.pop(name, None)

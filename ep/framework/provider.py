@@ -92,6 +92,12 @@ class CompiledNode(ABC):
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Compute the outputs (in ``FusedNode.outputs`` order) from the inputs (in order)."""
 
+    def run_partial(self, inputs: Sequence[np.ndarray], wanted: Sequence[bool]) -> list[Any]:
+        """Like :meth:`run` when only the outputs with ``wanted[k]`` true are needed (a
+        partial session run); the others may be anything, the executor drops them. The
+        default computes everything; a node that can skip work overrides it."""
+        return self.run(inputs)
+
     def instance(self) -> CompiledNode:
         """Another runnable instance of this node for a session instance
         (:meth:`~ep.framework.session.InferenceSession.create_instance`): its own activations,

@@ -268,6 +268,12 @@ class _TimedNode(CompiledNode):
         self.profiler.partition_ran(self.name, self.provider, started, inputs, outputs)
         return outputs
 
+    def run_partial(self, inputs: Sequence[np.ndarray], wanted: Sequence[bool]) -> list[Any]:
+        started = time.perf_counter()
+        outputs = self.inner.run_partial(inputs, wanted)
+        self.profiler.partition_ran(self.name, self.provider, started, inputs, outputs)
+        return outputs
+
 
 class Profiler:
     """Records session events in ONNX Runtime's profile format (a JSON list of Chrome trace

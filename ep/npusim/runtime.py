@@ -64,16 +64,18 @@ class NpuRuntime:
         except NpuSimError as exc:
             raise errors.EPFail(f"NpuSim: cannot load program {program.name!r}: {exc}") from None
 
-    def run(self, name: str, loaded: LoadedProgram,
-            inputs: Sequence[np.ndarray] | None) -> list[np.ndarray | None]:
-        """Run a loaded program once and record its simulated latency and engine counters."""
+    def run(self, name: str, loaded: LoadedProgram, inputs: Sequence[np.ndarray] | None,
+            outputs: Sequence[int] | None = None) -> list[np.ndarray | None]:
+        """Run a loaded program once and record its simulated latency and engine counters
+        (``outputs``: the indices of the outputs wanted, default all; see
+        :meth:`LoadedProgram.run <firmware_model.loader.LoadedProgram.run>`)."""
         # The device's trace holds the last run only: kept across runs it would grow with every
         # inference of the session.
         self.device.trace.clear()
         before = self.firmware.stats()
         start = self.device.now
         try:
-            outputs = loaded.run(inputs, functional=self.functional)
+            results = loaded.run(inputs, functional=self.functional, outputs=outputs)
         except NpuSimError as exc:
             raise errors.EPFail(f"NpuSim: running {name!r} failed: {exc}") from None
         span = self.device.now - start
@@ -84,7 +86,7 @@ class NpuRuntime:
         delta = {k: v if k.startswith("hbm.") else v - before.get(k, 0) for k, v in after.items()
                  if isinstance(v, (int, float)) and not isinstance(v, bool)}
         self._last = _summarize(self.config, name, span, delta)
-        return outputs
+        return results
 
     def last_run_stats(self) -> dict[str, Any]:
         """Latency (cycles, microseconds), utilization per engine and counters of the last run."""
@@ -195,12 +197,21 @@ class NpuSimCompiledNode(CompiledNode):
         In timing-only mode (provider option ``functional="0"``) no values are computed and
         the outputs are zero-filled arrays of the right shapes and dtypes.
         """
+        return self._run(inputs, None)
+
+    def run_partial(self, inputs: Sequence[np.ndarray], wanted: Sequence[bool]) -> list[Any]:
+        """A partial run: only the commands the ``wanted`` outputs need do work on the device
+        and only those outputs are downloaded (:mod:`firmware_model.prune`); the others are
+        zero-filled."""
+        return self._run(inputs, [k for k, use in enumerate(wanted) if use])
+
+    def _run(self, inputs: Sequence[np.ndarray], wanted: list[int] | None) -> list[np.ndarray]:
         if len(inputs) != self._n_inputs:
             raise errors.InvalidArgument(f"NpuSim node {self.name!r} takes {self._n_inputs} "
                                          f"inputs, got {len(inputs)}")
         feeds = [inputs[p] for p in self._positions]
         with self.runtime.lock:
-            outputs = self.runtime.run(self.name, self.loaded, feeds)
+            outputs = self.runtime.run(self.name, self.loaded, feeds, wanted)
             self.last_stats = self.runtime.last_run_stats()
             if self.recording is not None:
                 self.recording.add_run(self.name, self.runtime.device.trace.snapshot(),
