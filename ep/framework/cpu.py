@@ -9,7 +9,9 @@ session config entry ``session.intra_op.num_threads``, else onnxruntime's defaul
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -49,34 +51,96 @@ class OrtCompiledNode(CompiledNode):
         self.name = fused.name
         self.inputs = list(fused.inputs)
         self.outputs = list(fused.outputs)
+        self._options = options
+        self._model: onnx.ModelProto | None = None
         self._session: ort.InferenceSession | None = None
+        # Partial runs: per set of wanted outputs, a session of only the nodes they need
+        # (onnxruntime itself runs every node of a session whatever outputs are fetched).
+        self._partial: dict[tuple[bool, ...], tuple[ort.InferenceSession, list[str]]] = {}
+        self._lock = threading.Lock()
         if self.outputs:  # a partition nothing reads is dead code: nothing to run
-            try:
-                self._session = ort.InferenceSession(
-                    fused_model(fused).SerializeToString(),
-                    sess_options=options,
-                    providers=["CPUExecutionProvider"],
-                )
-            except Exception as exc:  # onnxruntime raises its own exception types
-                raise same_error(exc)(
-                    f"CPUExecutionProvider could not compile partition {fused.name!r}: {exc}"
-                ) from None
+            self._model = fused_model(fused)
+            self._session = self._open(self._model)
+
+    def _open(self, model: onnx.ModelProto) -> ort.InferenceSession:
+        try:
+            return ort.InferenceSession(model.SerializeToString(), sess_options=self._options,
+                                        providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise same_error(exc)(
+                f"CPUExecutionProvider could not compile partition {self.name!r}: {exc}"
+            ) from None
 
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run the subgraph on onnxruntime; outputs in ``FusedNode.outputs`` order."""
+        self._check(inputs)
+        if self._session is None:
+            return []
+        return self._fetch(self._session, self.inputs, self.outputs, inputs)
+
+    def run_partial(self, inputs: Sequence[np.ndarray], wanted: Sequence[bool]) -> list[Any]:
+        """Run only the nodes the ``wanted`` outputs need (None for the others)."""
+        self._check(inputs)
+        if self._model is None or all(wanted):
+            return self.run(inputs)
+        key = tuple(bool(w) for w in wanted)
+        with self._lock:
+            if key not in self._partial:
+                names = [n for n, w in zip(self.outputs, key, strict=True) if w]
+                pruned = needed_subgraph(self._model, names)
+                self._partial[key] = (self._open(pruned), [i.name for i in pruned.graph.input])
+            session, feeds_names = self._partial[key]
+        given = dict(zip(self.inputs, inputs, strict=True))
+        names = [n for n, w in zip(self.outputs, key, strict=True) if w]
+        values = iter(self._fetch(session, feeds_names, names, [given[n] for n in feeds_names]))
+        return [next(values) if w else None for w in key]
+
+    def _check(self, inputs: Sequence[np.ndarray]) -> None:
         if len(inputs) != len(self.inputs):
             raise InvalidArgument(
                 f"partition {self.name!r} takes {len(self.inputs)} inputs {self.inputs}, "
                 f"got {len(inputs)}"
             )
-        if self._session is None:
-            return []
-        feeds = dict(zip(self.inputs, inputs, strict=True))
+
+    def _fetch(self, session: ort.InferenceSession, names: Sequence[str],
+               outputs: Sequence[str], inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         try:
-            return list(self._session.run(self.outputs, feeds))
+            return list(session.run(list(outputs), dict(zip(names, inputs, strict=True))))
         except Exception as exc:
             raise same_error(exc)(
                 f"CPUExecutionProvider failed running {self.name!r}: {exc}") from None
+
+
+def needed_subgraph(model: onnx.ModelProto, outputs: Sequence[str]) -> onnx.ModelProto:
+    """``model`` with only ``outputs`` and the nodes, inputs and initializers they need."""
+    graph = model.graph
+    need = set(outputs)
+    kept: list[onnx.NodeProto] = []
+    for node in reversed(graph.node):  # a fused subgraph is in topological order
+        if need.intersection(node.output):
+            kept.append(node)
+            need.update(_reads(node))
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(reversed(kept))
+    for field, keep in ((out.graph.input, lambda v: v.name in need),
+                        (out.graph.output, lambda v: v.name in set(outputs)),
+                        (out.graph.initializer, lambda v: v.name in need)):
+        values = [v for v in field if keep(v)]
+        del field[:]
+        field.extend(values)
+    return out
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """Every tensor a node reads, including from its subgraphs (outer-scope names)."""
+    names = {i for i in node.input if i}
+    for attr in node.attribute:
+        for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
+            for inner in sub.node:
+                names |= _reads(inner)
+    return names
 
 
 class CPUExecutionProvider(ExecutionProvider):

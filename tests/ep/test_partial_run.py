@@ -131,3 +131,29 @@ def test_partial_runs_leave_later_full_runs_as_they_would_have_been() -> None:
         (y,) = mixed.run(["y"], {"x": x})
         np.testing.assert_array_equal(y, want[0])
         assert cycles(mixed) < cycles(plain)
+
+
+def test_a_partial_run_on_the_cpu_runs_only_the_nodes_its_outputs_need() -> None:
+    """A CPU partition runs a session of only what the wanted outputs need (onnxruntime itself
+    runs every node of a session whatever is fetched). Proof: the Reshape behind ``z`` is given
+    a shape it cannot take, so a run that computed it fails; asking for ``y`` alone does not."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["a"], name="r"),
+         helper.make_node("Tanh", ["a"], ["y"], name="t"),
+         helper.make_node("Reshape", ["a", "shape"], ["z"], name="bad")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64]),
+         helper.make_tensor_value_info("shape", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    session = ep.InferenceSession(data, providers=["CPUExecutionProvider"])
+    x = np.linspace(-1, 1, 128, dtype=np.float32).reshape(2, 64)
+    feeds = {"x": x, "shape": np.array([7], np.int64)}
+    with pytest.raises(ep.errors.OrtError):
+        session.run(None, feeds)
+    (y,) = session.run(["y"], feeds)
+    reference = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    (want,) = reference.run(["y"], {**feeds, "shape": np.array([128], np.int64)})
+    np.testing.assert_array_equal(y, want)
+    (y, z) = session.run(["y", "z"], {**feeds, "shape": np.array([128], np.int64)})
+    np.testing.assert_array_equal(z, x.clip(0).reshape(128))
