@@ -37,7 +37,7 @@ from numba import njit
 
 from ..epilogue import input_scale
 from ..errors import KernelError
-from . import blas
+from . import blas, unfold
 from .bias_fused import bias_and_epilogue
 from .depthwise import depthwise
 from .gemm import computes_into, finish, landed, rounded, same_dtype, to_compute
@@ -219,10 +219,14 @@ def im2col(x: np.ndarray, win: Window, cols: np.ndarray) -> None:
     ``(i, j, l)``. After padding, that is a strided view of the input (offset by the tap times
     the dilation, stepping by the stride), so the unfold is one strided copy; numpy's copy loop
     measured about twice as fast as a numba loop over rows (no per-element bounds tests, and no
-    thread contention with the BLAS threads that run right after).
+    thread contention with the BLAS threads that run right after). Long strided output rows
+    (image stems) unfold in numba instead, without the pad (:mod:`.unfold`).
     """
     k3, st3, di3, pb3 = win.as3()
     lead = MAX_SPATIAL - len(win.out)
+    if unfold.fits(x.dtype, int(st3[2]), win.out[-1]):  # long strided rows: no pad, no gather
+        unfold.unfold(x, k3, st3, di3, pb3, cols.reshape(-1, *((1,) * lead + win.out)))
+        return
     xp = _padded(x, pb3.tolist(), [0] * lead + list(win.pads_end))
     s = xp.strides
     # Every index stays inside xp: (k - 1) * dilation + (out - 1) * stride < padded length.

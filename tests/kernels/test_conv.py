@@ -203,3 +203,38 @@ BAD_TRANSPOSE = [
 def test_conv_transpose_rejects_bad_input(name, inputs, attrs, words):
     with pytest.raises(KernelError, match=words):
         run_kernel("ConvTranspose", inputs, attrs)
+
+
+@settings(max_examples=30, deadline=None)
+@given(case=conv_case(), seed=seeds)
+def test_numba_unfold_matches_ort_and_numpy_unfold_bits(case, seed):
+    """The numba unfold (:mod:`npu_sim.kernels.unfold`) on every generated shape, though its
+    rule picks it only for long strided rows: onnxruntime's values, the numpy unfold's bits."""
+    from npu_sim.kernels import unfold
+    shapes, attrs = case
+    inputs = _inputs(shapes, seed, np.float32)
+    numpy_path = run_kernel("Conv", inputs, attrs)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(unfold, "fits", lambda dtype, stride_w, out_w: True)
+        numba_path = check_against_ort("Conv", inputs, attrs)
+    np.testing.assert_array_equal(numba_path[0], numpy_path[0])
+
+
+@pytest.mark.parametrize("c, size, kernel, stride, pad, numba", [
+    (3, 224, 3, 2, 1, True),    # MobileNet-V3's stem: 112-pixel rows
+    (3, 112, 3, 2, 1, True),    # 56-pixel rows, at the limit
+    (3, 110, 3, 2, 1, False),   # 55-pixel rows: pad and numpy copy
+    (3, 224, 3, 1, 1, False),   # stride 1: pad and numpy copy
+    (3, 230, 7, 2, 3, True),    # a ResNet stem, odd width
+])
+def test_unfold_rule_matches_ort_on_both_sides(c, size, kernel, stride, pad, numba):
+    from npu_sim.kernels import unfold
+    out = (size + 2 * pad - kernel) // stride + 1
+    assert unfold.fits(np.dtype(np.float32), stride, out) is numba
+    inputs = _inputs([(1, c, size, size), (16, c, kernel, kernel), (16,)], 7, np.float32)
+    attrs = {"strides": [stride, stride], "pads": [pad] * 4}
+    chosen = check_against_ort("Conv", inputs, attrs)[0]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(unfold, "fits", lambda dtype, stride_w, out_w: not numba)
+        other = run_kernel("Conv", inputs, attrs)[0]
+    np.testing.assert_array_equal(chosen, other)

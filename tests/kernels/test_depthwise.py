@@ -1,6 +1,6 @@
-"""The channels-last depthwise convolution against onnxruntime: generated shapes (channel
-multipliers, strides, dilations, pads, 1-3 spatial dims), and the mobile nets' layer shapes,
-whole and split over the kernels' thread pool."""
+"""The depthwise convolution, channels-last and planar, against onnxruntime: generated shapes
+(channel multipliers, strides, dilations, pads, 1-3 spatial dims), the mobile nets' layer shapes,
+whole and split over the kernels' thread pool, and both sides of the planar rule's boundary."""
 
 from __future__ import annotations
 
@@ -40,6 +40,18 @@ def test_depthwise_matches_onnxruntime(case, seed):
     check_against_ort("Conv", inputs, attrs)
 
 
+@settings(max_examples=30, deadline=None)
+@given(case=depthwise_case(), seed=seeds)
+def test_planar_loop_matches_onnxruntime(case, seed):
+    """The planar loop on every generated shape (the rule picks it only for large planes)."""
+    from npu_sim.kernels import depthwise
+    shapes, attrs = case
+    inputs = [random_array(seed + i, s, np.float32, -1, 1) for i, s in enumerate(shapes)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(depthwise, "planar", lambda c, pixels, stride_w: True)
+        check_against_ort("Conv", inputs, attrs)
+
+
 @pytest.mark.parametrize("shape, kernel, stride", [
     ((1, 96, 112, 112), 3, 2),  # split over rows
     ((1, 240, 28, 28), 5, 1),   # split over rows
@@ -52,3 +64,28 @@ def test_mobile_net_layers_match_onnxruntime(shape, kernel, stride):
     b = random_array(3, (c,), np.float32, -1, 1)
     attrs = {"group": c, "strides": [stride, stride], "pads": [kernel // 2] * 4}
     check_against_ort("Conv", [x, w, b], attrs)
+
+
+@pytest.mark.parametrize("channels, mult, size, stride, kernel, planar", [
+    (32, 1, 56, 1, 3, True),    # at the channel and plane limits: planar
+    (16, 2, 112, 1, 3, True),   # large plane, channel multiplier, split over rows: planar
+    (33, 1, 56, 1, 3, False),   # one channel too many: channels-last
+    (32, 1, 55, 1, 3, False),   # one row and column too few: channels-last
+    (16, 1, 112, 2, 3, False),  # strided rows: channels-last
+    (24, 1, 60, 1, 5, True),    # 5x5, wider than the plane limit: planar
+])
+def test_planar_rule_matches_onnxruntime_and_channels_last_bits(
+        channels, mult, size, stride, kernel, planar, monkeypatch):
+    """Both sides of :func:`depthwise.planar`'s boundary agree with onnxruntime, and the planar
+    loop gives the channels-last loop's bits (bias and all) where the rule picks it."""
+    from npu_sim.kernels import depthwise
+    out = (size + 2 * (kernel // 2) - kernel) // stride + 1
+    assert depthwise.planar(channels, out * out, stride) is planar
+    x = random_array(4, (1, channels, size, size), np.float32, -1, 1)
+    w = random_array(5, (channels * mult, 1, kernel, kernel), np.float32, -1, 1)
+    b = random_array(6, (channels * mult,), np.float32, -1, 1)
+    attrs = {"group": channels, "strides": [stride, stride], "pads": [kernel // 2] * 4}
+    chosen = check_against_ort("Conv", [x, w, b], attrs)[0]
+    monkeypatch.setattr(depthwise, "planar", lambda c, pixels, stride_w: not planar)
+    other = check_against_ort("Conv", [x, w, b], attrs)[0]
+    np.testing.assert_array_equal(chosen, other)
