@@ -89,3 +89,87 @@ def test_planar_rule_matches_onnxruntime_and_channels_last_bits(
     monkeypatch.setattr(depthwise, "planar", lambda c, pixels, stride_w: not planar)
     other = check_against_ort("Conv", [x, w, b], attrs)[0]
     np.testing.assert_array_equal(chosen, other)
+
+
+@st.composite
+def tapped_case(draw: st.DrawFn) -> tuple[list, dict]:
+    """2-D square 3x3 or 5x5 kernels at equal strides 1-3 (3 exercises the split's general
+    path), asymmetric pads, odd and even sizes, channel multipliers, N up to 2, with bias."""
+    k = draw(st.sampled_from([3, 5]))
+    s = draw(st.integers(1, 3))
+    c, mult = draw(st.integers(1, 6)), draw(st.integers(1, 2))
+    pads = draw(st.lists(st.integers(0, k), min_size=4, max_size=4))
+    h = draw(st.integers(max(1, k - pads[0] - pads[2]), 23))
+    w = draw(st.integers(max(1, k - pads[1] - pads[3]), 23))
+    shapes = [(draw(st.integers(1, 2)), c, h, w), (c * mult, 1, k, k), (c * mult,)]
+    return shapes, {"group": c, "strides": [s, s], "pads": pads}
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=tapped_case(), seed=seeds)
+def test_tapped_planes_match_onnxruntime_and_channels_last_bits(case, seed):
+    """The phase-split loop on every generated shape (the rule picks it only for large planes)
+    agrees with onnxruntime and gives the channels-last loop's bits."""
+    from npu_sim.kernels import depthwise
+    shapes, attrs = case
+    inputs = [random_array(seed + i, s, np.float32, -1, 1) for i, s in enumerate(shapes)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(depthwise, "TAPPED_PIXELS", 0)
+        chosen = check_against_ort("Conv", inputs, attrs)[0]
+        patch.setattr(depthwise, "tapped", lambda *args: False)
+        patch.setattr(depthwise, "planar", lambda c, pixels, stride_w: False)
+        other = check_against_ort("Conv", inputs, attrs)[0]
+    np.testing.assert_array_equal(chosen, other)
+
+
+@pytest.mark.parametrize("channels, size, kernel, stride, tapped", [
+    (8, 14, 5, 1, True),     # 14x14 output at stride 1: at the limit
+    (8, 13, 5, 1, False),    # 13x13: channels-last
+    (6, 56, 3, 2, True),     # 28x28 output at stride 2: at the limit
+    (6, 54, 3, 2, False),    # 27x27: channels-last
+    (16, 111, 3, 2, True),   # odd size, 56x56 output
+    (4, 57, 5, 2, True),     # odd size, 5x5, 29x29 output
+])
+def test_tapped_rule_matches_onnxruntime_and_channels_last_bits(
+        channels, size, kernel, stride, tapped, monkeypatch):
+    """Both sides of :func:`depthwise.tapped`'s boundary agree with onnxruntime, and the other
+    loop gives the same bits."""
+    from npu_sim.kernels import depthwise
+    out = (size + 2 * (kernel // 2) - kernel) // stride + 1
+    x = random_array(7, (2, channels, size, size), np.float32, -1, 1)
+    w = random_array(8, (channels, 1, kernel, kernel), np.float32, -1, 1)
+    b = random_array(9, (channels,), np.float32, -1, 1)
+    st3, di3 = np.array([1, stride, stride]), np.ones(3, np.int64)
+    assert depthwise.tapped(x[:, :, None], w[:, :, None], st3, di3, (1, out, out)) is tapped
+    attrs = {"group": channels, "strides": [stride, stride], "pads": [kernel // 2] * 4}
+    chosen = check_against_ort("Conv", [x, w, b], attrs)[0]
+    monkeypatch.setattr(depthwise, "tapped", lambda *args: not tapped)
+    other = check_against_ort("Conv", [x, w, b], attrs)[0]
+    np.testing.assert_array_equal(chosen, other)
+
+
+@pytest.mark.parametrize("special", [np.inf, -np.inf, np.nan])
+def test_non_finite_weights_keep_the_loops_that_skip_padding(special):
+    """The phase-split loop multiplies padding by the weights (``inf * 0`` is NaN), so a plane
+    with a non-finite weight runs the loops that skip padded taps, as before: the planar loop
+    here, whose bits the channels-last loop gives too; the finite channels agree with
+    onnxruntime."""
+    from npu_sim.kernels import depthwise
+    from npu_sim.kernels.conv import conv
+    x = random_array(10, (1, 4, 56, 56), np.float32, -1, 1)
+    w = random_array(11, (4, 1, 3, 3), np.float32, -1, 1)
+    st3, di3 = np.array([1, 1, 1]), np.ones(3, np.int64)
+    assert depthwise.tapped(x[:, :, None], w[:, :, None], st3, di3, (1, 56, 56))
+    w[1, 0, 0, 0] = special
+    assert not depthwise.tapped(x[:, :, None], w[:, :, None], st3, di3, (1, 56, 56))
+    assert depthwise.planar(4, 56 * 56, 1)
+    attrs = {"group": 4, "pads": [1, 1, 1, 1]}
+    got = conv([x, w], attrs)[0]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(depthwise, "planar", lambda c, pixels, stride_w: False)
+        want = conv([x, w], attrs)[0]
+    np.testing.assert_array_equal(got, want)
+    finite = [0, 2, 3]
+    check_against_ort("Conv", [x[:, finite], w[finite]], {"group": 3, "pads": [1, 1, 1, 1]})
+    np.testing.assert_array_equal(got[:, finite], conv([x[:, finite], w[finite]],
+                                                       {"group": 3, "pads": [1, 1, 1, 1]})[0])

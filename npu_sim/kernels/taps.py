@@ -1,0 +1,192 @@
+"""Kernel helper: 3x3 and 5x5 convolution taps over phase-split planes, summed in registers.
+
+A 2-D convolution tap ``(j, l)`` with strides ``s`` reads input pixel ``(s*b + j - pt,
+s*e + l - pl)`` for output pixel ``(b, e)``. :func:`split` copies one input plane, zero-padded,
+into ``s*s`` *phases* ``ph[a, c, r, q] = padded[s*r + a, s*q + c]`` (a space-to-depth), each
+``pitch`` wide; then tap ``(j, l)`` of output pixel ``(b, e)`` is phase ``(j % s, l % s)`` at
+``(b + j // s, e + l // s)``. Numbered along the flattened output ``t = b * pitch + e``, every
+tap reads one contiguous run of the phases at a fixed offset (:func:`offsets`): the whole plane
+is one long vectorised loop whatever its width or stride (7-pixel rows are no vector tails, and
+stride 2 is no gather), at the cost of ``pitch - OW`` discarded columns per row.
+
+:func:`acc3` and :func:`acc5` add the 9 or 25 taps of each element in registers, in (j, l)
+order, onto what the output holds, and store it once: one load per tap rather than a load and
+a store of the output. Padding is multiplied as zeros, so callers use these only with finite
+weights (``w * 0`` is 0 there, and adding ``+-0`` leaves a sum that started at ``+0.0``
+unchanged: the bits of a loop that skips the padded taps). No fastmath: a multiply and an add
+per tap, each rounded to float32, as the other kernels do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+#: Square kernel sizes with an unrolled tap loop.
+SIZES = (3, 5)
+#: Elements per vector iteration of the tap loops (AVX-512 float32).
+VECTOR = 16
+
+
+def geometry(k: int, s: int, out_h: int, out_w: int) -> tuple[int, int, int]:
+    """``(rows, pitch, span)`` of the phases of a ``k``x``k``, stride-``s`` convolution with an
+    ``out_h`` x ``out_w`` output: each phase is ``rows`` x ``pitch``, and the flattened output
+    run is ``span`` long (the last row has no discarded columns)."""
+    reach = (k - 1) // s
+    pitch = out_w + reach
+    return out_h + reach, pitch, (out_h - 1) * pitch + out_w
+
+
+@njit(cache=True)
+def rounded(span):  # pragma: no cover - compiled
+    """``span`` rounded up to whole vectors: the tap loops then run no scalar tail (each tail
+    element costs 9 or 25 scalar multiply-adds); the phases' buffer must reach that far."""
+    return -(-span // VECTOR) * VECTOR
+
+
+def offsets(k: int, s: int, rows: int, pitch: int) -> np.ndarray:
+    """Offset of tap ``(j, l)``'s run in the flattened phases (s, s, rows, pitch), (j, l)
+    order."""
+    return np.array([((j % s * s + i % s) * rows + j // s) * pitch + i // s
+                     for j in range(k) for i in range(k)], np.int64)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _halves(src, d0, d1, n):  # pragma: no cover - compiled
+    """``d0[q], d1[q] = src[2q], src[2q + 1]`` for ``q < n``: views from 0, no wraparound."""
+    for q in range(n):
+        d0[q] = src[2 * q]
+        d1[q] = src[2 * q + 1]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def split(plane, s, pt, pl, rows, pitch, ph):  # pragma: no cover - compiled
+    """Write ``plane`` (H, W) into its phases, ``ph`` flattened from (s, s, rows, pitch):
+    element ``(y, x)`` lands at padded position ``(y + pt, x + pl)``. Positions not written
+    (padding) keep what ``ph`` held: callers zero it once. Stride 2 splits each row into both
+    phases in one pass (a loop per phase measured 4x slower: LLVM did not vectorise its strided
+    reads). Bounds are worked out once per plane and offsets by hand into 1-D views: per-row
+    divisions and 4-D indexing cost 4x the copy itself on 7-pixel rows."""
+    h, w = plane.shape
+    plane_size = rows * pitch
+    n = min(w, pitch - pl)  # stride 1: columns copied
+    lo = (pl + 1) // 2 if s == 2 else pitch  # stride 2: both phases in bounds from here...
+    hi = max(lo, min(pitch, (w - 2 + pl) // 2 + 1)) if s == 2 else pitch  # ...to here
+    r, a = pt // s, pt % s
+    for y in range(min(h, rows * s - pt)):
+        row = plane[y]
+        base = a * s * plane_size + r * pitch  # phase (a, 0), row r
+        a += 1
+        if a == s:
+            a, r = 0, r + 1
+        if s == 1:
+            dst = ph[base + pl:]
+            for q in range(n):
+                dst[q] = row[q]
+            continue
+        if hi > lo:
+            _halves(row[2 * lo - pl:], ph[base + lo:], ph[base + plane_size + lo:], hi - lo)
+        for q in range(lo + pitch - hi):  # the rest one by one: every column at strides > 2
+            q = q if q < lo else q - lo + hi
+            for c in range(s):
+                x = s * q + c - pl
+                if 0 <= x < w:
+                    ph[base + c * plane_size + q] = row[x]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def acc3(src, o, w, out):  # pragma: no cover - compiled
+    """``out[t] += sum of src[o[k] + t] * w[k]`` over the 9 taps ``k`` in order, each product
+    and sum rounded to ``out``'s dtype, for every ``t`` of ``out`` (1-D)."""
+    s0, s1, s2 = src[o[0]:], src[o[1]:], src[o[2]:]
+    s3, s4, s5 = src[o[3]:], src[o[4]:], src[o[5]:]
+    s6, s7, s8 = src[o[6]:], src[o[7]:], src[o[8]:]
+    w0, w1, w2, w3, w4, w5, w6, w7, w8 = w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8]
+    for t in range(out.size):
+        a = out[t]
+        a += s0[t] * w0
+        a += s1[t] * w1
+        a += s2[t] * w2
+        a += s3[t] * w3
+        a += s4[t] * w4
+        a += s5[t] * w5
+        a += s6[t] * w6
+        a += s7[t] * w7
+        a += s8[t] * w8
+        out[t] = a
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def acc5(src, o, w, out):  # pragma: no cover - compiled
+    """:func:`acc3` for the 25 taps of a 5x5 kernel."""
+    s0, s1, s2, s3, s4 = src[o[0]:], src[o[1]:], src[o[2]:], src[o[3]:], src[o[4]:]
+    s5, s6, s7, s8, s9 = src[o[5]:], src[o[6]:], src[o[7]:], src[o[8]:], src[o[9]:]
+    s10, s11, s12, s13, s14 = src[o[10]:], src[o[11]:], src[o[12]:], src[o[13]:], src[o[14]:]
+    s15, s16, s17, s18, s19 = src[o[15]:], src[o[16]:], src[o[17]:], src[o[18]:], src[o[19]:]
+    s20, s21, s22, s23, s24 = src[o[20]:], src[o[21]:], src[o[22]:], src[o[23]:], src[o[24]:]
+    w0, w1, w2, w3, w4 = w[0], w[1], w[2], w[3], w[4]
+    w5, w6, w7, w8, w9 = w[5], w[6], w[7], w[8], w[9]
+    w10, w11, w12, w13, w14 = w[10], w[11], w[12], w[13], w[14]
+    w15, w16, w17, w18, w19 = w[15], w[16], w[17], w[18], w[19]
+    w20, w21, w22, w23, w24 = w[20], w[21], w[22], w[23], w[24]
+    for t in range(out.size):
+        a = out[t]
+        a += s0[t] * w0
+        a += s1[t] * w1
+        a += s2[t] * w2
+        a += s3[t] * w3
+        a += s4[t] * w4
+        a += s5[t] * w5
+        a += s6[t] * w6
+        a += s7[t] * w7
+        a += s8[t] * w8
+        a += s9[t] * w9
+        a += s10[t] * w10
+        a += s11[t] * w11
+        a += s12[t] * w12
+        a += s13[t] * w13
+        a += s14[t] * w14
+        a += s15[t] * w15
+        a += s16[t] * w16
+        a += s17[t] * w17
+        a += s18[t] * w18
+        a += s19[t] * w19
+        a += s20[t] * w20
+        a += s21[t] * w21
+        a += s22[t] * w22
+        a += s23[t] * w23
+        a += s24[t] * w24
+        out[t] = a
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def depthwise(x, w, s, pt, pl, rows, pitch, o, out, lo, hi):  # pragma: no cover - compiled
+    """Output planes ``lo..hi`` (of N*M) of ``out`` (N, M, OH, OW), a depthwise convolution of
+    ``x`` (N, C, H, W) with ``w`` (M, K*K), K 3 or 5, finite: stride ``s`` both ways, no
+    dilation, leading pads ``pt``, ``pl``; phases ``rows`` x ``pitch``, tap offsets ``o``
+    (:func:`geometry`, :func:`offsets`). Output channel ``m`` reads input channel
+    ``m // (M // C)``.
+
+    Each plane is split into its phases (:func:`split`), its taps summed from 0.0 along the
+    flattened output (:func:`acc3`, :func:`acc5`), and the run's rows copied out. Padded taps
+    add ``w * 0``, which leaves the bits of the channels-last loop that skips them.
+    """
+    m_, oh, ow = out.shape[1], out.shape[2], out.shape[3]
+    mult = m_ // x.shape[1]
+    size = s * s * rows * pitch
+    span = rounded((oh - 1) * pitch + ow)
+    flat = np.zeros(size + span, x.dtype)  # padding stays zero: split writes the pixels only
+    run = np.empty(span, x.dtype)
+    for p in range(lo, hi):
+        n, m = divmod(p, m_)
+        split(x[n, m // mult], s, pt, pl, rows, pitch, flat)
+        run[:] = 0
+        if w.shape[1] == 9:
+            acc3(flat, o, w[m], run)
+        else:
+            acc5(flat, o, w[m], run)
+        for b in range(oh):
+            dst = out[n, m, b]
+            src = run[b * pitch:]
+            for e in range(ow):
+                dst[e] = src[e]
