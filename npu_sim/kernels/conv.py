@@ -6,10 +6,15 @@ receptive fields of the output pixels, and each group is one GEMM of the weights
 matrix (BLAS through numpy, float32 accumulation). A 1x1 convolution
 without padding needs no unfolding: it is a plain GEMM over a (possibly strided) view of the
 input. A depthwise convolution (one input channel per group) has too little reuse for a GEMM and
-runs as a direct numba loop (:mod:`.depthwise`). ConvTranspose is the adjoint: one GEMM per
-group produces the columns, which *col2im* (numba) scatters back into the output. The numba
-loops are serial: they run between BLAS calls whose threads keep spinning after each GEMM, and
-a parallel loop there fights them for the cores (measured slower end to end on ResNet-50).
+runs as a direct numba loop (:mod:`.depthwise`), and so does an image stem of 1 to 4 input
+channels with a 3x3 or 5x5 kernel (:func:`direct_fits`, :func:`npu_sim.kernels.taps.direct`):
+its GEMM's 27-long reduction is what OpenBLAS's AVX2 kernels do worst. MobileNet-V3's stem (3
+channels of 224x224 to 16, 3x3 stride 2, hard-swish) took 518 against 685 us inside a whole
+run (median of 50), 265 against 316 us alone (best of 40, unfold and GEMM, one BLAS thread).
+ConvTranspose is the adjoint: one GEMM per group produces the columns, which *col2im* (numba)
+scatters back into the output. The numba loops are serial: they run between BLAS calls whose
+threads keep spinning after each GEMM, and a parallel loop there fights them for the cores
+(measured slower end to end on ResNet-50).
 
 Two faster paths were measured on ResNet-50 and left out (both are in the history): Winograd
 F(2x2, 3x3) for 3x3 stride-1 layers gained ~7% at best, inside run-to-run noise, and drifts
@@ -37,9 +42,9 @@ from numba import njit
 
 from ..epilogue import input_scale
 from ..errors import KernelError
-from . import blas, unfold
+from . import blas, taps, unfold
 from .bias_fused import bias_and_epilogue
-from .depthwise import depthwise
+from .depthwise import SPLIT_MACS, depthwise
 from .gemm import computes_into, finish, landed, rounded, same_dtype, to_compute
 from .limits import check_elements
 from .registry import kernel
@@ -354,6 +359,10 @@ def conv_nd(
             for i in range(n):  # 2-D products: numpy hands those to BLAS without a batch loop
                 blas.matmul(w2, view[i].reshape(c, pixels), out=y[i])
         return y.reshape((n, m) + win.out)
+    if group == 1 and direct_fits(c, w.shape, win, x.dtype):
+        y = np.empty((n, m, *win.out), x.dtype) if into is None else into.reshape(n, m, *win.out)
+        _direct(x5[:, :, 0], w, win, y)
+        return y
     if group > 1 and w.shape[1] == 1:
         y5 = depthwise(x5, np.ascontiguousarray(as5d(w)), st3, di3, pb3, out3, into)
         return y5.reshape((n, m) + win.out)
@@ -372,6 +381,42 @@ def conv_nd(
         for g in range(group):
             blas.matmul(wg[g], cols[g * step : (g + 1) * step], out=y[i, g])
     return y.reshape((n, m) + win.out)
+
+
+#: A convolution of at most this many input channels (an image stem: 1 to 4) with a square 3x3
+#: or 5x5 kernel runs directly (:func:`npu_sim.kernels.taps.direct`) rather than as an unfold
+#: and a GEMM whose 27-long reduction (3 channels of 3x3) OpenBLAS's AVX2 kernels run badly.
+DIRECT_CHANNELS = 4
+
+
+def direct_fits(c: int, w_shape: tuple[int, ...], win: Window, dtype: np.dtype) -> bool:
+    """Whether a group-1 convolution of ``c`` input channels and weights ``w_shape`` over
+    ``win`` runs directly: 2-D, a square kernel of :data:`.taps.SIZES`, equal strides, no
+    dilation, float32 or float64 (numba has no float16 arrays)."""
+    k = w_shape[-1]
+    return (c <= DIRECT_CHANNELS and len(win.kernel) == 2 and win.kernel == (k, k)
+            and k in taps.SIZES and win.strides[0] == win.strides[1] and win.dilations == (1, 1)
+            and dtype in (np.float32, np.float64))
+
+
+def _direct(x: np.ndarray, w: np.ndarray, win: Window, y: np.ndarray) -> None:
+    """:func:`direct_fits` convolution of ``x`` (N, C, H, W) into ``y`` (N, M, OH, OW): each
+    image split into its phases once, its output channels over the kernels' thread pool when
+    large (as :func:`.depthwise.depthwise`)."""
+    n, m = y.shape[:2]
+    k, s = win.kernel[0], win.strides[0]
+    rows, pitch, span = taps.geometry(k, s, *win.out)
+    size = s * s * rows * pitch
+    o = taps.offsets(k, s, rows, pitch)
+    wk = np.ascontiguousarray(w.reshape(m, x.shape[1], k * k))
+    for i in range(n):
+        flat = taps.phases(x[i], s, win.pads_begin[0], win.pads_begin[1], rows, pitch,
+                           taps.rounded(span))
+        if y[i].size * wk.shape[1] * k * k < SPLIT_MACS:
+            taps.direct(flat, size, pitch, o, wk, y[i], 0, m)
+        else:
+            blas.spread(m, lambda lo, hi, i=i, flat=flat: taps.direct(flat, size, pitch, o, wk,
+                                                                        y[i], lo, hi))
 
 
 def add_bias(y: np.ndarray, bias: np.ndarray) -> None:

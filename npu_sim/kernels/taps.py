@@ -190,3 +190,37 @@ def depthwise(x, w, s, pt, pl, rows, pitch, o, out, lo, hi):  # pragma: no cover
             src = run[b * pitch:]
             for e in range(ow):
                 dst[e] = src[e]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def phases(image, s, pt, pl, rows, pitch, span):  # pragma: no cover - compiled
+    """Every channel of ``image`` (C, H, W) split into its phases (:func:`split`), channel
+    ``c``'s at ``c * s * s * rows * pitch`` of the returned 1-D buffer, which reaches ``span``
+    past the last (the tap loops' rounded run)."""
+    size = s * s * rows * pitch
+    flat = np.zeros(image.shape[0] * size + span, image.dtype)
+    for c in range(image.shape[0]):
+        split(image[c], s, pt, pl, rows, pitch, flat[c * size:])
+    return flat
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def direct(flat, size, pitch, o, w, out, lo, hi):  # pragma: no cover - compiled
+    """Output channels ``lo..hi`` of ``out`` (M, OH, OW), one image's convolution (group 1)
+    from its phases ``flat`` (:func:`phases`, ``size`` per input channel) with ``w`` (M, C,
+    K*K), K 3 or 5: each output element sums its taps from 0.0 in (channel, j, l) order, the
+    im2col row order."""
+    oh, ow = out.shape[1], out.shape[2]
+    run = np.empty(rounded((oh - 1) * pitch + ow), out.dtype)
+    for m in range(lo, hi):
+        run[:] = 0
+        for c in range(w.shape[1]):
+            if w.shape[2] == 9:
+                acc3(flat[c * size:], o, w[m, c], run)
+            else:
+                acc5(flat[c * size:], o, w[m, c], run)
+        for b in range(oh):
+            dst = out[m, b]
+            src = run[b * pitch:]
+            for e in range(ow):
+                dst[e] = src[e]

@@ -210,11 +210,12 @@ def test_conv_transpose_rejects_bad_input(name, inputs, attrs, words):
 def test_numba_unfold_matches_ort_and_numpy_unfold_bits(case, seed):
     """The numba unfold (:mod:`npu_sim.kernels.unfold`) on every generated shape, though its
     rule picks it only for long strided rows: onnxruntime's values, the numpy unfold's bits."""
-    from npu_sim.kernels import unfold
+    from npu_sim.kernels import conv, unfold
     shapes, attrs = case
     inputs = _inputs(shapes, seed, np.float32)
-    numpy_path = run_kernel("Conv", inputs, attrs)
     with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(conv, "direct_fits", lambda *args: False)  # the unfold, not the stems'
+        numpy_path = run_kernel("Conv", inputs, attrs)
         patch.setattr(unfold, "fits", lambda dtype, stride_w, out_w: True)
         numba_path = check_against_ort("Conv", inputs, attrs)
     np.testing.assert_array_equal(numba_path[0], numpy_path[0])
@@ -227,8 +228,10 @@ def test_numba_unfold_matches_ort_and_numpy_unfold_bits(case, seed):
     (3, 224, 3, 1, 1, False),   # stride 1: pad and numpy copy
     (3, 230, 7, 2, 3, True),    # a ResNet stem, odd width
 ])
-def test_unfold_rule_matches_ort_on_both_sides(c, size, kernel, stride, pad, numba):
-    from npu_sim.kernels import unfold
+def test_unfold_rule_matches_ort_on_both_sides(c, size, kernel, stride, pad, numba,
+                                               monkeypatch):
+    from npu_sim.kernels import conv, unfold
+    monkeypatch.setattr(conv, "direct_fits", lambda *args: False)  # the unfold, not the stems'
     out = (size + 2 * pad - kernel) // stride + 1
     assert unfold.fits(np.dtype(np.float32), stride, out) is numba
     inputs = _inputs([(1, c, size, size), (16, c, kernel, kernel), (16,)], 7, np.float32)
