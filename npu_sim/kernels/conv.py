@@ -9,8 +9,8 @@ input. A depthwise convolution (one input channel per group) has too little reus
 runs as a direct numba loop (:mod:`.depthwise`), and so does an image stem of 1 to 4 input
 channels with a 3x3 or 5x5 kernel (:func:`direct_fits`, :func:`npu_sim.kernels.taps.direct`):
 its GEMM's 27-long reduction is what OpenBLAS's AVX2 kernels do worst. MobileNet-V3's stem (3
-channels of 224x224 to 16, 3x3 stride 2, hard-swish) took 518 against 685 us inside a whole
-run (median of 50), 265 against 316 us alone (best of 40, unfold and GEMM, one BLAS thread).
+channels of 224x224 to 16, 3x3 stride 2, with bias) took 229-232 against 321-374 us (unfold and
+GEMM, one BLAS thread; best of 50, three rounds); onnxruntime's, one thread, 125 us.
 ConvTranspose is the adjoint: one GEMM per group produces the columns, which *col2im* (numba)
 scatters back into the output. The numba loops are serial: they run between BLAS calls whose
 threads keep spinning after each GEMM, and a parallel loop there fights them for the cores
@@ -44,7 +44,7 @@ from ..epilogue import input_scale
 from ..errors import KernelError
 from . import blas, taps, unfold
 from .bias_fused import bias_and_epilogue
-from .depthwise import SPLIT_MACS, depthwise
+from .depthwise import depthwise
 from .gemm import computes_into, finish, landed, rounded, same_dtype, to_compute
 from .limits import check_elements
 from .registry import kernel
@@ -401,22 +401,18 @@ def direct_fits(c: int, w_shape: tuple[int, ...], win: Window, dtype: np.dtype) 
 
 def _direct(x: np.ndarray, w: np.ndarray, win: Window, y: np.ndarray) -> None:
     """:func:`direct_fits` convolution of ``x`` (N, C, H, W) into ``y`` (N, M, OH, OW): each
-    image split into its phases once, its output channels over the kernels' thread pool when
-    large (as :func:`.depthwise.depthwise`)."""
-    n, m = y.shape[:2]
+    image split into its phases once, then its output channels. One thread: split over the
+    kernels' pool by output channels, MobileNet-V3's stem measured 310-440 against 283-290 us
+    whole (best of 50, three rounds)."""
+    m = y.shape[1]
     k, s = win.kernel[0], win.strides[0]
     rows, pitch, span = taps.geometry(k, s, *win.out)
-    size = s * s * rows * pitch
     o = taps.offsets(k, s, rows, pitch)
     wk = np.ascontiguousarray(w.reshape(m, x.shape[1], k * k))
-    for i in range(n):
+    for i in range(x.shape[0]):
         flat = taps.phases(x[i], s, win.pads_begin[0], win.pads_begin[1], rows, pitch,
                            taps.rounded(span))
-        if y[i].size * wk.shape[1] * k * k < SPLIT_MACS:
-            taps.direct(flat, size, pitch, o, wk, y[i], 0, m)
-        else:
-            blas.spread(m, lambda lo, hi, i=i, flat=flat: taps.direct(flat, size, pitch, o, wk,
-                                                                        y[i], lo, hi))
+        taps.direct(flat, s * s * rows * pitch, pitch, o, wk, y[i])
 
 
 def add_bias(y: np.ndarray, bias: np.ndarray) -> None:

@@ -117,6 +117,72 @@ def acc3(src, o, w, out):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def acc3x4(src, o, w, out):  # pragma: no cover - compiled
+    """:func:`acc3` for 4 output rows ``out[i]`` with weights ``w[i]`` (4, 9) at once: each
+    tap loaded once for the four (a convolution of several input channels, where the output
+    channels read the same taps), four independent sums in flight. Same order per element."""
+    s0, s1, s2 = src[o[0]:], src[o[1]:], src[o[2]:]
+    s3, s4, s5 = src[o[3]:], src[o[4]:], src[o[5]:]
+    s6, s7, s8 = src[o[6]:], src[o[7]:], src[o[8]:]
+    r0, r1, r2, r3 = out[0], out[1], out[2], out[3]
+    a0, a1, a2, a3, a4 = w[0, 0], w[0, 1], w[0, 2], w[0, 3], w[0, 4]
+    a5, a6, a7, a8 = w[0, 5], w[0, 6], w[0, 7], w[0, 8]
+    b0, b1, b2, b3, b4 = w[1, 0], w[1, 1], w[1, 2], w[1, 3], w[1, 4]
+    b5, b6, b7, b8 = w[1, 5], w[1, 6], w[1, 7], w[1, 8]
+    c0, c1, c2, c3, c4 = w[2, 0], w[2, 1], w[2, 2], w[2, 3], w[2, 4]
+    c5, c6, c7, c8 = w[2, 5], w[2, 6], w[2, 7], w[2, 8]
+    d0, d1, d2, d3, d4 = w[3, 0], w[3, 1], w[3, 2], w[3, 3], w[3, 4]
+    d5, d6, d7, d8 = w[3, 5], w[3, 6], w[3, 7], w[3, 8]
+    for t in range(r0.size):
+        x0, x1, x2, x3, x4 = s0[t], s1[t], s2[t], s3[t], s4[t]
+        x5, x6, x7, x8 = s5[t], s6[t], s7[t], s8[t]
+        y = r0[t]
+        y += x0 * a0
+        y += x1 * a1
+        y += x2 * a2
+        y += x3 * a3
+        y += x4 * a4
+        y += x5 * a5
+        y += x6 * a6
+        y += x7 * a7
+        y += x8 * a8
+        r0[t] = y
+        y = r1[t]
+        y += x0 * b0
+        y += x1 * b1
+        y += x2 * b2
+        y += x3 * b3
+        y += x4 * b4
+        y += x5 * b5
+        y += x6 * b6
+        y += x7 * b7
+        y += x8 * b8
+        r1[t] = y
+        y = r2[t]
+        y += x0 * c0
+        y += x1 * c1
+        y += x2 * c2
+        y += x3 * c3
+        y += x4 * c4
+        y += x5 * c5
+        y += x6 * c6
+        y += x7 * c7
+        y += x8 * c8
+        r2[t] = y
+        y = r3[t]
+        y += x0 * d0
+        y += x1 * d1
+        y += x2 * d2
+        y += x3 * d3
+        y += x4 * d4
+        y += x5 * d5
+        y += x6 * d6
+        y += x7 * d7
+        y += x8 * d8
+        r3[t] = y
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def acc5(src, o, w, out):  # pragma: no cover - compiled
     """:func:`acc3` for the 25 taps of a 5x5 kernel."""
     s0, s1, s2, s3, s4 = src[o[0]:], src[o[1]:], src[o[2]:], src[o[3]:], src[o[4]:]
@@ -205,22 +271,31 @@ def phases(image, s, pt, pl, rows, pitch, span):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def direct(flat, size, pitch, o, w, out, lo, hi):  # pragma: no cover - compiled
-    """Output channels ``lo..hi`` of ``out`` (M, OH, OW), one image's convolution (group 1)
-    from its phases ``flat`` (:func:`phases`, ``size`` per input channel) with ``w`` (M, C,
-    K*K), K 3 or 5: each output element sums its taps from 0.0 in (channel, j, l) order, the
-    im2col row order."""
-    oh, ow = out.shape[1], out.shape[2]
-    run = np.empty(rounded((oh - 1) * pitch + ow), out.dtype)
-    for m in range(lo, hi):
+def direct(flat, size, pitch, o, w, out):  # pragma: no cover - compiled
+    """``out`` (M, OH, OW), one image's convolution (group 1) from its phases ``flat``
+    (:func:`phases`, ``size`` per input channel) with ``w`` (M, C, K*K), K 3 or 5: each output
+    element sums its taps from 0.0 in (channel, j, l) order, the im2col row order. A 3x3
+    kernel's output channels go four at a time (:func:`acc3x4`)."""
+    m_, oh, ow = out.shape[0], out.shape[1], out.shape[2]
+    run = np.empty((4, rounded((oh - 1) * pitch + ow)), out.dtype)
+    k2 = w.shape[2]
+    step = 4 if k2 == 9 else 1
+    for m0 in range(0, m_, step):
+        m1 = min(m_, m0 + step)
         run[:] = 0
         for c in range(w.shape[1]):
-            if w.shape[2] == 9:
-                acc3(flat[c * size:], o, w[m, c], run)
-            else:
-                acc5(flat[c * size:], o, w[m, c], run)
-        for b in range(oh):
-            dst = out[m, b]
-            src = run[b * pitch:]
-            for e in range(ow):
-                dst[e] = src[e]
+            src = flat[c * size:]
+            if m1 - m0 == 4:
+                acc3x4(src, o, w[m0:m1, c], run)
+                continue
+            for m in range(m0, m1):
+                if k2 == 9:
+                    acc3(src, o, w[m, c], run[m - m0])
+                else:
+                    acc5(src, o, w[m, c], run[m - m0])
+        for m in range(m0, m1):
+            for b in range(oh):
+                dst = out[m, b]
+                row = run[m - m0, b * pitch:]
+                for e in range(ow):
+                    dst[e] = row[e]

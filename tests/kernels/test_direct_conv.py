@@ -1,8 +1,8 @@
 """The direct convolution of few input channels (image stems, :func:`npu_sim.kernels.taps.direct`)
 against onnxruntime: generated shapes (1-4 channels, 3x3 and 5x5, strides 1-3, asymmetric pads,
-odd sizes, N up to 3, bias), both sides of the dispatch rule, the split over the thread pool
-and non-finite weights. Its sums run in (channel, j, l) order, the im2col row order, but not
-the GEMM's blocking, so the unfold path is a tolerance away, not the same bits."""
+odd sizes, N up to 3, bias), both sides of the dispatch rule and non-finite weights. Its sums
+run in (channel, j, l) order, the im2col row order, but not the GEMM's blocking, so the unfold
+path is a tolerance away, not the same bits."""
 
 from __future__ import annotations
 
@@ -74,25 +74,6 @@ def test_conv_integer_stem_is_exact_in_float64():
     check_against_ort("ConvInteger", [x, w, zx, zw], attrs)
 
 
-def test_split_over_the_thread_pool_matches_onnxruntime(monkeypatch):
-    """MobileNet-V3's stem (5.4 million MACs) runs split over output channels; the same on a
-    lowered limit gives the same bits as whole."""
-    from npu_sim.kernels import blas
-    x = random_array(7, (1, 3, 224, 224), np.float32, -1, 1)
-    w = random_array(8, (16, 3, 3, 3), np.float32, -1, 1)
-    attrs = {"strides": [2, 2], "pads": [1, 1, 1, 1]}
-    calls = []
-    spread = blas.spread
-    monkeypatch.setattr(blas, "spread", lambda count, work: calls.append(count) or
-                        spread(count, work))
-    split = check_against_ort("Conv", [x, w], attrs)[0]
-    assert calls == [16]
-    monkeypatch.setattr(conv, "SPLIT_MACS", 1 << 40)
-    whole = check_against_ort("Conv", [x, w], attrs)[0]
-    assert calls == [16]
-    np.testing.assert_array_equal(split, whole)
-
-
 @pytest.mark.parametrize("special", [np.inf, np.nan])
 def test_non_finite_weights_match_onnxruntime(special):
     """Padding is multiplied as zeros, as onnxruntime does: ``inf * 0`` is NaN at the border."""
@@ -105,3 +86,15 @@ def test_non_finite_weights_match_onnxruntime(special):
     actual = run_kernel("Conv", [x, w], attrs)
     np.testing.assert_array_equal(np.isnan(actual[0]), np.isnan(expected[0]))
     assert_matches(actual, expected)
+
+
+def test_four_output_channels_at_once_give_each_channels_bits():
+    """A 3x3 kernel's output channels run four at a time (:func:`.taps.acc3x4`), the rest one
+    at a time: every channel gets the bits it gets alone."""
+    x = random_array(11, (2, 3, 31, 29), np.float32, -1, 1)
+    w = random_array(12, (7, 3, 3, 3), np.float32, -1, 1)
+    attrs = {"strides": [2, 2], "pads": [1, 1, 1, 1]}
+    together = check_against_ort("Conv", [x, w], attrs)[0]
+    for m in range(7):
+        alone = conv.conv([x, w[m:m + 1]], attrs)[0]
+        np.testing.assert_array_equal(together[:, m:m + 1], alone)
