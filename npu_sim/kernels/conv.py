@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,7 @@ from numba import njit
 from ..epilogue import input_scale
 from ..errors import KernelError
 from . import blas, unfold
-from .bias_fused import bias_and_epilogue
+from .bias_fused import fused_bias_loop
 from .depthwise import depthwise
 from .gemm import computes_into, finish, landed, rounded, same_dtype, to_compute
 from .limits import check_elements
@@ -414,26 +414,39 @@ def _scaled_weights(w: np.ndarray, group: int, inputs: Sequence[np.ndarray | Non
     return w * s.reshape(1, c, *(1,) * (w.ndim - 2)).astype(np.float32, copy=False)
 
 
-@kernel("Conv", writes_into=True)
+def prepare_conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
+                 out: Sequence[np.ndarray | None] | None = None) -> Callable[[], list[np.ndarray]]:
+    """Conv for these operands, checked and planned once (:attr:`.registry.Kernel.prepare`):
+    the geometry, the output buffer and the fused bias loop; what reads values runs per call."""
+    x, w, b = _inputs("Conv", inputs)
+    dtype = same_dtype("Conv", {"X": x, "W": w, "B": b})
+    group, win = geometry(x.shape, w.shape, attrs)
+    _bias("Conv", b, w.shape[0])
+    into = computes_into(out, (x.shape[0], w.shape[0]) + win.out, dtype)
+    fused = None if b is None else fused_bias_loop("Conv", attrs)
+    scaled = "input_scale" in attrs
+
+    def run() -> list[np.ndarray]:
+        bias = _bias("Conv", b, w.shape[0])
+        w32 = to_compute("Conv", "W", w)
+        if scaled:
+            w32 = _scaled_weights(w32, group, inputs, attrs)
+        y = conv_nd(to_compute("Conv", "X", x), w32, group, win, into=into)
+        if bias is not None:
+            if fused is not None and fused(y, bias):
+                return [landed(into, rounded(y, dtype))]
+            add_bias(y, bias)
+        return [landed(into, finish(y, attrs, dtype, "Conv", inputs))]
+
+    return run
+
+
+@kernel("Conv", writes_into=True, prepare=prepare_conv)
 def conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
          out: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
     """ONNX Conv (1-3 spatial dims, groups, depthwise, dilations, pads/auto_pad, bias);
     ``out``: see :attr:`.registry.Kernel.writes_into`."""
-    x, w, b = _inputs("Conv", inputs)
-    dtype = same_dtype("Conv", {"X": x, "W": w, "B": b})
-    group, win = geometry(x.shape, w.shape, attrs)
-    bias = _bias("Conv", b, w.shape[0])
-    w32 = to_compute("Conv", "W", w)
-    if "input_scale" in attrs:
-        w32 = _scaled_weights(w32, group, inputs, attrs)
-    into = computes_into(out, (x.shape[0], w.shape[0]) + win.out, dtype)
-    y = conv_nd(to_compute("Conv", "X", x), w32, group, win, into=into)
-    if bias is not None:
-        if bias_and_epilogue("Conv", y, bias, attrs):
-            return [landed(into, rounded(y, dtype))]
-        add_bias(y, bias)
-    return [landed(into, finish(y, attrs, dtype, "Conv", inputs))]
-
+    return prepare_conv(inputs, attrs, out)()
 
 
 def transpose_window(
