@@ -124,15 +124,27 @@ def replayable(loaded: LoadedProgram) -> bool:
 
 @dataclass(eq=False)
 class _Step:
-    """One kernel launch, resolved once: its kernel and typed views of its operands in HBM."""
+    """One kernel launch, resolved once: typed views of its outputs in HBM and the function
+    that computes it from its inputs' views (:func:`_runner`)."""
 
-    entry: registry.Kernel
-    values: Callable[..., Any]
-    inputs: list[np.ndarray | None]
     outputs: list[np.ndarray]
-    attrs: dict[str, Any]
-    into: list[np.ndarray | None] | None
-    """``out=`` for a kernel that :attr:`~registry.Kernel.writes_into` (:func:`_into`)."""
+    run: Callable[[], Any]
+
+
+def _runner(entry: registry.Kernel, inputs: list[np.ndarray | None],
+            outputs: list[np.ndarray], attrs: dict[str, Any]) -> Callable[[], Any]:
+    """What computes a launch each run: the kernel prepared once for its operands
+    (:attr:`~registry.Kernel.prepare`), else its values function, given fresh attributes each
+    time and ``out=`` (:func:`_into`) if it :attr:`~registry.Kernel.writes_into`."""
+    into = _into(inputs, outputs) if entry.writes_into else None
+    if entry.prepare is not None:
+        try:
+            return entry.prepare(inputs, dict(attrs), into)
+        except Exception:  # noqa: BLE001 - values() raises it again, as the simulation did
+            pass
+    if into is None:
+        return lambda: entry.values(inputs, dict(attrs))
+    return lambda: entry.values(inputs, dict(attrs), out=into)
 
 
 def _into(inputs: Sequence[np.ndarray | None],
@@ -164,8 +176,7 @@ def _steps(loaded: LoadedProgram) -> list[_Step]:
             inputs = [None if t < 0 else _typed_view(loaded, t, writable=False)
                       for t in launch.inputs]
             outputs = [_typed_view(loaded, t, writable=True) for t in launch.outputs]
-            steps.append(_Step(entry, entry.values, inputs, outputs, dict(launch.attrs),
-                               _into(inputs, outputs) if entry.writes_into else None))
+            steps.append(_Step(outputs, _runner(entry, inputs, outputs, launch.attrs)))
     return steps
 
 
@@ -319,10 +330,7 @@ class Schedule:
         """Every kernel in command order; False if one raised or returned the wrong thing."""
         for step in self.steps:
             try:
-                if step.into is None:
-                    results = step.values(step.inputs, dict(step.attrs))
-                else:  # the kernel may compute straight into its outputs' arena bytes
-                    results = step.values(step.inputs, dict(step.attrs), out=step.into)
+                results = step.run()
                 if len(results) < len(step.outputs):
                     return False
                 for out, value in zip(step.outputs, results, strict=False):

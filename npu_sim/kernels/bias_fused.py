@@ -3,7 +3,7 @@
 A mobile net's convolution writes a small output (50-900 KB) that the bias, then the fused
 activation (Relu) or the fused hard-sigmoid gate (hard-swish), each walked again: on a
 MobileNet-V3 1x1 convolution of 16x56x56 to 72 channels those two passes took 36 + 67 us beside
-the GEMM's 90 us. :func:`bias_and_epilogue` does both in one numba loop per channel row. Each
+the GEMM's 90 us. :func:`fused_bias_loop` does both in one numba loop per channel row. Each
 element gets the same float32 operations in the same order as the separate passes (the float32
 bias add, then the Relu select, or the gate computed as in
 :func:`npu_sim.kernels.epilogue.apply_epilogue`'s loop and rounded to float32 before the
@@ -13,13 +13,15 @@ first of its three passes (:func:`npu_sim.kernels.epilogue.bias_silu`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 from numba import njit
 
 from ..epilogue import decode
+
+FusedLoop = Callable[[np.ndarray, np.ndarray], bool]
 
 
 @njit(cache=True, error_model="numpy")
@@ -46,34 +48,37 @@ def _bias_hard_sigmoid_gate(y, b, alpha, beta):  # pragma: no cover - numba
                 row[p] = v * g
 
 
-def bias_and_epilogue(op: str, y: np.ndarray, bias: np.ndarray, attrs: Mapping[str, Any]) -> bool:
-    """Add ``bias`` (M,) to ``y`` (N, M, ...) in place and apply the launch's fused activation or
-    epilogue with it, when that is a Relu activation alone or a hard-sigmoid or sigmoid (SiLU) gate
-    alone and
-    ``y`` and ``bias`` are contiguous float32. True when done; False (``y`` untouched) when the
-    caller must add the bias and finish as usual."""
-    if y.dtype != np.float32 or bias.dtype != np.float32 or not y.flags.c_contiguous or \
-            not y.flags.writeable or y.ndim < 2:
-        return False
-    rows = y.reshape(y.shape[0], y.shape[1], -1)
+def fused_bias_loop(op: str, attrs: Mapping[str, Any]) -> FusedLoop | None:
+    """The one-pass loop adding a bias and applying the launch's fused activation or epilogue,
+    when that is a Relu activation alone or a hard-sigmoid or sigmoid (SiLU) gate alone; else
+    None. ``loop(y, bias)`` adds ``bias`` (M,) to ``y`` (N, M, ...) and applies it in place when
+    both are contiguous float32, and returns True; False (``y`` untouched) when the caller must
+    add the bias and finish as usual."""
     activation = attrs.get("activation")
     if "epilogue" not in attrs:
         if activation != "Relu" or attrs.get("activation_params"):
-            return False
-        _bias_relu(rows, bias)
-        return True
+            return None
+        return _checked(_bias_relu)
     if activation:
-        return False
+        return None
     steps = decode(op, attrs)
     if len(steps) != 1 or not steps[0].gate:
-        return False
+        return None
     if steps[0].op == "HardSigmoid":
         alpha, beta = (steps[0].params + (0.2, 0.5)[len(steps[0].params):])[:2]
-        _bias_hard_sigmoid_gate(rows, bias, alpha, beta)
-        return True
+        return _checked(lambda rows, bias: _bias_hard_sigmoid_gate(rows, bias, alpha, beta))
     if steps[0].op == "Sigmoid":
         from .epilogue import bias_silu  # lazy: .epilogue imports .conv, which imports this
 
-        bias_silu(rows, bias)
+        return _checked(bias_silu)
+    return None
+
+
+def _checked(loop: Callable[[np.ndarray, np.ndarray], object]) -> FusedLoop:
+    def run(y: np.ndarray, bias: np.ndarray) -> bool:
+        if y.dtype != np.float32 or bias.dtype != np.float32 or not y.flags.c_contiguous or \
+                not y.flags.writeable or y.ndim < 2:
+            return False
+        loop(y.reshape(y.shape[0], y.shape[1], -1), bias)
         return True
-    return False
+    return run

@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +43,7 @@ from numba import njit
 from ..epilogue import input_scale
 from ..errors import KernelError
 from . import blas, taps, unfold
-from .bias_fused import bias_and_epilogue
+from .bias_fused import fused_bias_loop
 from .depthwise import depthwise
 from .gemm import computes_into, finish, landed, rounded, same_dtype, to_compute
 from .limits import check_elements
@@ -331,6 +331,29 @@ def _geometry(x_shape, w_shape, items) -> tuple[int, Window]:
 _cached_geometry = functools.lru_cache(maxsize=4096)(_geometry)
 
 
+def pointwise(group: int, win: Window) -> bool:
+    """Whether a convolution is 1x1 without padding: its receptive fields are the (strided)
+    pixels themselves, and each image is one GEMM (:func:`pointwise_columns`)."""
+    return group == 1 and all(k == 1 for k in win.kernel) and \
+        not any(win.pads_begin + win.pads_end)
+
+
+def pointwise_columns(x5: np.ndarray, win: Window) -> list[np.ndarray]:
+    """Each image of ``x5`` (N, C, D, H, W) as the (C, pixels) matrix a :func:`pointwise`
+    convolution multiplies: a view of ``x5`` when its strides allow, else a copy."""
+    _, st3, _, _ = win.as3()
+    out3 = (1,) * (MAX_SPATIAL - len(win.out)) + win.out
+    view = x5[:, :, :: st3[0], :: st3[1], :: st3[2]][:, :, : out3[0], : out3[1], : out3[2]]
+    return [image.reshape(x5.shape[1], -1) for image in view]
+
+
+def pointwise_products(w2: np.ndarray, columns: Sequence[np.ndarray], y: np.ndarray) -> None:
+    """``y[i] = w2 @ columns[i]`` for each image ``i`` of ``y`` (N, M, pixels)."""
+    with np.errstate(all="ignore"):  # inf/NaN inputs give inf/NaN, not warnings
+        for i, cols in enumerate(columns):  # 2-D products: BLAS without a batch loop
+            blas.matmul(w2, cols, out=y[i])
+
+
 def conv_nd(
     x: np.ndarray, w: np.ndarray, group: int, win: Window, op: str = "Conv",
     into: np.ndarray | None = None,
@@ -350,14 +373,9 @@ def conv_nd(
     pixels = math.prod(out3)
     check_elements(op, "output", (n, m) + win.out)
     x5 = np.ascontiguousarray(as5d(x))
-    if group == 1 and all(k == 1 for k in win.kernel) and not any(win.pads_begin + win.pads_end):
-        # 1x1 without padding: the receptive fields are the (strided) pixels themselves.
-        view = x5[:, :, :: st3[0], :: st3[1], :: st3[2]][:, :, : out3[0], : out3[1], : out3[2]]
-        w2 = w.reshape(m, c)
+    if pointwise(group, win):
         y = np.empty((n, m, pixels), x.dtype) if into is None else into.reshape(n, m, pixels)
-        with np.errstate(all="ignore"):  # inf/NaN inputs give inf/NaN, not warnings
-            for i in range(n):  # 2-D products: numpy hands those to BLAS without a batch loop
-                blas.matmul(w2, view[i].reshape(c, pixels), out=y[i])
+        pointwise_products(w.reshape(m, c), pointwise_columns(x5, win), y)
         return y.reshape((n, m) + win.out)
     if group == 1 and direct_fits(c, w.shape, win, x.dtype):
         y = np.empty((n, m, *win.out), x.dtype) if into is None else into.reshape(n, m, *win.out)
@@ -455,26 +473,51 @@ def _scaled_weights(w: np.ndarray, group: int, inputs: Sequence[np.ndarray | Non
     return w * s.reshape(1, c, *(1,) * (w.ndim - 2)).astype(np.float32, copy=False)
 
 
-@kernel("Conv", writes_into=True)
+def prepare_conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
+                 out: Sequence[np.ndarray | None] | None = None) -> Callable[[], list[np.ndarray]]:
+    """Conv for these operands, checked and planned once (:attr:`.registry.Kernel.prepare`):
+    the geometry, the output buffer and the fused bias loop; what reads values runs per call."""
+    x, w, b = _inputs("Conv", inputs)
+    dtype = same_dtype("Conv", {"X": x, "W": w, "B": b})
+    group, win = geometry(x.shape, w.shape, attrs)
+    _bias("Conv", b, w.shape[0])
+    into = computes_into(out, (x.shape[0], w.shape[0]) + win.out, dtype)
+    fused = None if b is None else fused_bias_loop("Conv", attrs)
+    scaled = "input_scale" in attrs
+    direct = into is not None and x.dtype == np.float32 and x.flags.c_contiguous and \
+        pointwise(group, win)
+    if direct:  # x's columns and the output's rows as views of fixed arrays, made once
+        check_elements("Conv", "output", into.shape)
+        columns = pointwise_columns(as5d(x), win)
+        rows = into.reshape(into.shape[0], into.shape[1], -1)
+        # strided pixels are gathered into a copy, which must be made anew for each call
+        direct = all(np.shares_memory(c, x) for c in columns)
+
+    def run() -> list[np.ndarray]:
+        bias = _bias("Conv", b, w.shape[0])
+        w32 = to_compute("Conv", "W", w)
+        if scaled:
+            w32 = _scaled_weights(w32, group, inputs, attrs)
+        if direct:
+            pointwise_products(w32.reshape(w.shape[0], -1), columns, rows)
+            y = into
+        else:
+            y = conv_nd(to_compute("Conv", "X", x), w32, group, win, into=into)
+        if bias is not None:
+            if fused is not None and fused(y, bias):
+                return [landed(into, rounded(y, dtype))]
+            add_bias(y, bias)
+        return [landed(into, finish(y, attrs, dtype, "Conv", inputs))]
+
+    return run
+
+
+@kernel("Conv", writes_into=True, prepare=prepare_conv)
 def conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
          out: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
     """ONNX Conv (1-3 spatial dims, groups, depthwise, dilations, pads/auto_pad, bias);
     ``out``: see :attr:`.registry.Kernel.writes_into`."""
-    x, w, b = _inputs("Conv", inputs)
-    dtype = same_dtype("Conv", {"X": x, "W": w, "B": b})
-    group, win = geometry(x.shape, w.shape, attrs)
-    bias = _bias("Conv", b, w.shape[0])
-    w32 = to_compute("Conv", "W", w)
-    if "input_scale" in attrs:
-        w32 = _scaled_weights(w32, group, inputs, attrs)
-    into = computes_into(out, (x.shape[0], w.shape[0]) + win.out, dtype)
-    y = conv_nd(to_compute("Conv", "X", x), w32, group, win, into=into)
-    if bias is not None:
-        if bias_and_epilogue("Conv", y, bias, attrs):
-            return [landed(into, rounded(y, dtype))]
-        add_bias(y, bias)
-    return [landed(into, finish(y, attrs, dtype, "Conv", inputs))]
-
+    return prepare_conv(inputs, attrs, out)()
 
 
 def transpose_window(

@@ -15,6 +15,11 @@ Registering is explicit, one decorator per kernel::
         return [np.maximum(x, 0)]
 
 Tests and users may register their own kernels under new names the same way.
+
+A kernel may also be *prepared* (``prepare=``): given the operand arrays of one launch, it does
+its checks and planning once and returns a function of no arguments that computes from the
+arrays' current contents. A program's schedule (:mod:`firmware_model.replay`) prepares each
+launch once and calls the result on every run, since its operands stay at fixed HBM addresses.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from ..errors import KernelError
 
 ValuesFn = Callable[[Sequence["np.ndarray | None"], Mapping[str, Any]], list[np.ndarray]]
 CyclesFn = Callable[..., Any]
+PrepareFn = Callable[..., Callable[[], list[np.ndarray]]]
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,13 @@ class Kernel:
     """Whether ``values`` also takes ``out=``: per output, a writable C-contiguous array of the
     output's shape and dtype (or None) that it may compute into and return, saving the copy;
     the caller passes only arrays that share no memory with any input."""
+    prepare: PrepareFn | None = None
+    """``prepare(inputs, attrs, out)`` (``out`` as for :attr:`writes_into`): a function of no
+    arguments computing exactly what ``values(inputs, attrs, out=out)`` would from the arrays'
+    contents at the time of the call (the same bits, and the same errors where values are at
+    fault), with everything that depends only on shapes, dtypes and ``attrs`` done once. It may
+    raise what ``values`` raises for bad shapes or attributes. Without it, each run calls
+    ``values``."""
 
 
 _KERNELS: dict[str, Kernel] = {}
@@ -49,7 +62,7 @@ _KERNELS: dict[str, Kernel] = {}
 
 def register_kernel(
     name: str, values: ValuesFn, *, cycles: CyclesFn | None = None, replace: bool = False,
-    writes_into: bool = False,
+    writes_into: bool = False, prepare: PrepareFn | None = None,
 ) -> Kernel:
     """Register ``values`` (and optionally ``cycles``) under ``name``.
 
@@ -60,17 +73,17 @@ def register_kernel(
         raise KernelError(str(name), "", "kernel name must be a non-empty string")
     if name in _KERNELS and not replace:
         raise KernelError(name, "", "a kernel is already registered under this name")
-    entry = Kernel(name, values, cycles, writes_into)
+    entry = Kernel(name, values, cycles, writes_into, prepare)
     _KERNELS[name] = entry
     return entry
 
 
-def kernel(name: str, *, cycles: CyclesFn | None = None,
-           writes_into: bool = False) -> Callable[[ValuesFn], ValuesFn]:
+def kernel(name: str, *, cycles: CyclesFn | None = None, writes_into: bool = False,
+           prepare: PrepareFn | None = None) -> Callable[[ValuesFn], ValuesFn]:
     """Decorator form of :func:`register_kernel`."""
 
     def wrap(fn: ValuesFn) -> ValuesFn:
-        register_kernel(name, fn, cycles=cycles, writes_into=writes_into)
+        register_kernel(name, fn, cycles=cycles, writes_into=writes_into, prepare=prepare)
         return fn
 
     return wrap

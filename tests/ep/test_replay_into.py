@@ -11,8 +11,9 @@ from firmware_model import Firmware, Kernel, KernelLaunch, Program, TensorDesc, 
 from firmware_model.program import Region
 from npu_sim import DeviceConfig
 from npu_sim.device import Device
+from npu_sim.errors import KernelError
 from npu_sim.kernels import registry
-from npu_sim.kernels.conv import conv
+from npu_sim.kernels.conv import conv, prepare_conv
 
 CONFIG = DeviceConfig.preset("npu-m")
 SHAPE = (1, 4, 6, 6)
@@ -69,3 +70,53 @@ def test_replay_writes_into_outputs_that_overlap_no_input() -> None:
                 assert np.shares_memory(b_out, arena)
                 into += 1
         assert into >= 4
+
+
+def test_replay_prepares_each_launch_once_and_falls_back_when_it_cannot() -> None:
+    """A kernel with ``prepare`` is prepared once per launch of a recorded schedule and its
+    result called on every replayed run; a prepare that raises leaves the launch to the values
+    function. Either way the values are the simulation's bits."""
+    calls = {"prepare": 0, "run": 0, "values": 0}
+
+    def values(inputs, attrs, out=None):
+        calls["values"] += 1
+        return conv(inputs, attrs, out=out)
+
+    def counting(inputs, attrs, out=None):
+        calls["prepare"] += 1
+        run = prepare_conv(inputs, attrs, out)
+
+        def counted():
+            calls["run"] += 1
+            return run()
+        return counted
+
+    def refusing(inputs, attrs, out=None):
+        calls["prepare"] += 1
+        raise KernelError("SpyConv", "", "cannot prepare")
+
+    for prepare in (counting, refusing):
+        calls.update(prepare=0, run=0, values=0)
+        with registered_kernels({"SpyConv": (values, fixed_cycles(100))}):
+            registry.register_kernel("SpyConv", values, cycles=fixed_cycles(100), replace=True,
+                                     writes_into=True, prepare=prepare)
+            sides = []
+            for replay in (False, True):
+                loaded = Firmware(Device(CONFIG)).load(program())
+                loaded.replay = replay
+                sides.append(loaded)
+            r = np.random.default_rng(1)
+            for _ in range(8):
+                feeds = [r.standard_normal(SHAPE).astype(np.float32),
+                         r.standard_normal((4, 4, 3, 3)).astype(np.float32)]
+                (want,) = sides[0].run(feeds)
+                (got,) = sides[1].run(feeds)
+                assert got.tobytes() == want.tobytes()
+        schedules = calls["prepare"] // 2  # two launches
+        assert 1 <= schedules < 8  # one per recorded schedule, not one per run
+        if prepare is counting:
+            assert calls["run"] == 2 * (8 - schedules)  # every replayed launch ran prepared
+            assert calls["values"] == 2 * 8 + 2 * schedules  # simulations only
+        else:
+            assert calls["run"] == 0
+            assert calls["values"] == 2 * 8 * 2  # every launch of both sides

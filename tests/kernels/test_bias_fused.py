@@ -12,7 +12,7 @@ from ortref import run_ort
 
 from kernels import random_array, run_kernel, seeds, with_specials
 from npu_sim.epilogue import Step, encode
-from npu_sim.kernels.bias_fused import bias_and_epilogue
+from npu_sim.kernels.bias_fused import fused_bias_loop
 from npu_sim.kernels.conv import add_bias
 from npu_sim.kernels.gemm import finish
 
@@ -32,7 +32,8 @@ def test_fused_pass_gives_the_separate_passes_bits(shape, attrs, seed):
         add_bias(want, bias)
     want = finish(want, attrs, np.dtype(np.float32), "Conv")
     got = y.copy()
-    assert bias_and_epilogue("Conv", got, bias, attrs)
+    loop = fused_bias_loop("Conv", attrs)
+    assert loop is not None and loop(got, bias)
     np.testing.assert_array_equal(got, want)
 
 
@@ -44,10 +45,19 @@ def test_fused_pass_gives_the_separate_passes_bits(shape, attrs, seed):
     encode([Step("Add", operand=1)]),
 ])
 def test_other_launches_are_left_to_the_separate_passes(attrs):
-    y = random_array(5, (1, 4, 3, 3), np.float32)
-    got = y.copy()
-    assert not bias_and_epilogue("Conv", got, np.ones(4, np.float32), attrs)
-    np.testing.assert_array_equal(got, y)
+    assert fused_bias_loop("Conv", attrs) is None
+
+
+@pytest.mark.parametrize("y, bias", [
+    (np.zeros((1, 4, 3, 3), np.float16), np.ones(4, np.float32)),  # not float32
+    (np.zeros((1, 4, 3, 3), np.float32), np.ones(4, np.float64)),
+    (np.zeros((1, 3, 4, 3), np.float32).transpose(0, 2, 1, 3), np.ones(4, np.float32)),
+    (np.zeros(4, np.float32), np.ones(4, np.float32)),  # no channel axis
+])
+def test_the_fused_loop_leaves_operands_it_cannot_take(y, bias):
+    before = y.copy()
+    assert not fused_bias_loop("Conv", FUSED[0])(y, bias)
+    np.testing.assert_array_equal(y, before)
 
 
 @pytest.mark.parametrize("activation", ["Relu", "HardSwish", "SiLU"])
