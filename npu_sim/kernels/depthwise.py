@@ -16,10 +16,13 @@ The mobile nets' 3x3 and 5x5 kernels on planes of 14x14 outputs and more (:func:
 neither: :func:`npu_sim.kernels.taps.depthwise` splits each plane into its stride phases and
 sums each element's taps in registers along the flattened plane, storing it once, where the
 loops above load and store the output once per tap. Same tap order, same bits. Best of 60 on
-EfficientNet-B0's and MobileNet-V3's layers, one image, against the loop each replaced: 96
-channels of 112x112 3x3 stride 2 0.53 against 1.76 ms, 144 of 56x56 3x3 0.30 against 0.90, 16
-of 112x112 3x3 stride 2 0.09 against 0.28 (onnxruntime, one thread: 0.05), 88 of 28x28 3x3
-0.06 against 0.17 (0.04), 240 of 14x14 5x5 0.11 against 0.14 (0.05).
+EfficientNet-B0's and MobileNet-V3's layers, one image, against the loop each replaced (ranges
+over two sessions): 96 channels of 112x112 3x3 stride 2 0.31-0.53 against 1.57-1.76 ms, 144 of
+56x56 3x3 0.19-0.30 against 0.87-0.90, 16 of 112x112 3x3 stride 2 0.09 against 0.28
+(onnxruntime, one thread: 0.05), 88 of 28x28 3x3 0.06 against 0.17 (0.04), 240 of 14x14 5x5
+0.10-0.11 against 0.13-0.14 (0.05). Smaller planes (7x7, or 14x14 at stride 2) stay on the loops
+above, which they measured faster (:data:`TAPPED_PIXELS`), as do other kernels, dilations,
+3-D and non-finite weights.
 
 A channel multiplier (``M = C * mult`` output channels) repeats every input channel ``mult``
 times first, so output channel ``m`` reads input channel ``m // mult`` as ONNX defines. Output
