@@ -140,15 +140,16 @@ def _planes(x, w, st, di, pb, out, lo, hi):  # pragma: no cover - compiled
 TAPPED_PIXELS = 14 * 14
 
 
-def tapped(x5: np.ndarray, w5: np.ndarray, st3: np.ndarray, di3: np.ndarray,
+def tapped(x5: np.ndarray, w5: np.ndarray, st3: np.ndarray, di3: np.ndarray, pb3: np.ndarray,
            out3: tuple[int, int, int]) -> bool:
-    """Whether a depthwise convolution runs in :func:`.taps.depthwise`: 2-D (one depth slice,
-    depth kernel 1), a square kernel of :data:`.taps.SIZES`, equal strides, no dilation, an
-    output plane of at least :data:`TAPPED_PIXELS` times the stride squared, and finite weights
-    (padding is multiplied as zeros there, and ``inf * 0`` is NaN)."""
+    """Whether a depthwise convolution runs on phase-split planes: 2-D (one depth slice, depth
+    kernel 1, no depth padding, one output slice), a square kernel of :data:`.taps.SIZES`,
+    equal strides, no dilation, an output plane of at least :data:`TAPPED_PIXELS` times the
+    stride squared, and finite weights (padding is multiplied as zeros there, and ``inf * 0``
+    is NaN)."""
     k, s = w5.shape[3], int(st3[2])
-    return (x5.shape[2] == 1 and w5.shape[2] == 1 and k in taps.SIZES and w5.shape[4] == k
-            and st3[1] == s and not (di3 - 1).any()
+    return (x5.shape[2] == 1 and w5.shape[2] == 1 and pb3[0] == 0 and out3[0] == 1
+            and k in taps.SIZES and w5.shape[4] == k and st3[1] == s and not (di3 - 1).any()
             and out3[1] * out3[2] >= TAPPED_PIXELS * s * s and bool(np.isfinite(w5).all()))
 
 
@@ -181,7 +182,7 @@ def depthwise(x5: np.ndarray, w5: np.ndarray, st3: np.ndarray, di3: np.ndarray,
     """
     n, c = x5.shape[:2]
     m = w5.shape[0]
-    if tapped(x5, w5, st3, di3, out3):
+    if tapped(x5, w5, st3, di3, pb3, out3):
         k, s = w5.shape[3], int(st3[2])
         y = np.empty((n, m, *out3), x5.dtype) if into is None else into.reshape(n, m, *out3)
         rows, pitch, _ = taps.geometry(k, s, out3[1], out3[2])

@@ -140,7 +140,8 @@ def test_tapped_rule_matches_onnxruntime_and_channels_last_bits(
     w = random_array(8, (channels, 1, kernel, kernel), np.float32, -1, 1)
     b = random_array(9, (channels,), np.float32, -1, 1)
     st3, di3 = np.array([1, stride, stride]), np.ones(3, np.int64)
-    assert depthwise.tapped(x[:, :, None], w[:, :, None], st3, di3, (1, out, out)) is tapped
+    pb3 = np.array([0, kernel // 2, kernel // 2])
+    assert depthwise.tapped(x[:, :, None], w[:, :, None], st3, di3, pb3, (1, out, out)) is tapped
     attrs = {"group": channels, "strides": [stride, stride], "pads": [kernel // 2] * 4}
     chosen = check_against_ort("Conv", [x, w, b], attrs)[0]
     monkeypatch.setattr(depthwise, "tapped", lambda *args: not tapped)
@@ -158,10 +159,10 @@ def test_non_finite_weights_keep_the_loops_that_skip_padding(special):
     from npu_sim.kernels.conv import conv
     x = random_array(10, (1, 4, 56, 56), np.float32, -1, 1)
     w = random_array(11, (4, 1, 3, 3), np.float32, -1, 1)
-    st3, di3 = np.array([1, 1, 1]), np.ones(3, np.int64)
-    assert depthwise.tapped(x[:, :, None], w[:, :, None], st3, di3, (1, 56, 56))
+    st3, di3, pb3 = np.array([1, 1, 1]), np.ones(3, np.int64), np.array([0, 1, 1])
+    assert depthwise.tapped(x[:, :, None], w[:, :, None], st3, di3, pb3, (1, 56, 56))
     w[1, 0, 0, 0] = special
-    assert not depthwise.tapped(x[:, :, None], w[:, :, None], st3, di3, (1, 56, 56))
+    assert not depthwise.tapped(x[:, :, None], w[:, :, None], st3, di3, pb3, (1, 56, 56))
     assert depthwise.planar(4, 56 * 56, 1)
     attrs = {"group": 4, "pads": [1, 1, 1, 1]}
     got = conv([x, w], attrs)[0]
@@ -173,3 +174,21 @@ def test_non_finite_weights_keep_the_loops_that_skip_padding(special):
     check_against_ort("Conv", [x[:, finite], w[finite]], {"group": 3, "pads": [1, 1, 1, 1]})
     np.testing.assert_array_equal(got[:, finite], conv([x[:, finite], w[finite]],
                                                        {"group": 3, "pads": [1, 1, 1, 1]})[0])
+
+
+@pytest.mark.parametrize("pads, strides", [
+    ([1, 1, 1, 0, 1, 1], [1, 1, 1]),  # depth padding: three output slices, two of padding
+    ([1, 1, 1, 0, 1, 1], [2, 1, 1]),  # one output slice, which reads only the depth padding
+])
+def test_one_deep_3d_convolutions_with_depth_padding_match_onnxruntime(pads, strides):
+    """A 3-D convolution of one depth slice with a depth-1 kernel looks 2-D to the phase-split
+    loop's rule, but its depth padding makes output slices of padding only: the general loops
+    run it."""
+    from npu_sim.kernels import depthwise
+    x = random_array(12, (1, 4, 1, 16, 16), np.float32, -1, 1)
+    w = random_array(13, (4, 1, 1, 3, 3), np.float32, -1, 1)
+    b = random_array(14, (4,), np.float32, -1, 1)
+    out_d = (1 + pads[0] + pads[3] - 1) // strides[0] + 1
+    assert not depthwise.tapped(x, w, np.array(strides), np.ones(3, np.int64),
+                                np.array(pads[:3]), (out_d, 16, 16))
+    check_against_ort("Conv", [x, w, b], {"group": 4, "pads": pads, "strides": strides})
