@@ -12,6 +12,7 @@ limit before allocating: see :mod:`npu_sim.kernels.limits`.
 from . import (  # noqa: F401
     activations,
     conv,
+    conv_transpose,
     elementwise,
     gemm,
     logic,
