@@ -465,13 +465,17 @@ def prepare_conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
         # strided pixels are gathered into a copy, which must be made anew for each call
         direct = all(np.shares_memory(c, x) for c in columns)
 
+    wide = dtype != np.float32  # float32 operands are computed on as they are
+
     def run() -> list[np.ndarray]:
-        bias = _bias("Conv", b, w.shape[0])
-        w32 = to_compute("Conv", "W", w)
+        bias = _bias("Conv", b, w.shape[0]) if wide else b
+        w32 = to_compute("Conv", "W", w) if wide else w
         if scaled:
             w32 = _scaled_weights(w32, group, inputs, attrs)
         if direct:
             pointwise_products(w32.reshape(w.shape[0], -1), columns, rows)
+            if bias is not None and fused is not None and fused(into, bias):
+                return [into]  # float32, computed where it lands
             y = into
         else:
             y = conv_nd(to_compute("Conv", "X", x), w32, group, win, into=into)
