@@ -41,15 +41,22 @@ def program() -> Program:
     return Program("into", tensors, launches, commands, (0, 1), (3,), {}, 3 * nbytes + 4 * 144)
 
 
+def simulated_and_replayed() -> list:
+    """:func:`program` loaded twice, on devices of their own: simulating every run, and
+    replaying recorded schedules."""
+    sides = []
+    for replay in (False, True):
+        loaded = Firmware(Device(CONFIG)).load(program())
+        loaded.replay = replay
+        sides.append(loaded)
+    return sides
+
+
 def test_replay_writes_into_outputs_that_overlap_no_input() -> None:
     with registered_kernels({"SpyConv": (spy, fixed_cycles(100))}):
         registry.register_kernel("SpyConv", spy, cycles=fixed_cycles(100), replace=True,
                                  writes_into=True)
-        sides = []
-        for replay in (False, True):
-            loaded = Firmware(Device(CONFIG)).load(program())
-            loaded.replay = replay
-            sides.append(loaded)
+        sides = simulated_and_replayed()
         r = np.random.default_rng(0)
         address, spec = sides[1].operand(3)
         arena = sides[1].firmware.device.hbm.view(address, spec.nbytes)
@@ -100,11 +107,7 @@ def test_replay_prepares_each_launch_once_and_falls_back_when_it_cannot() -> Non
         with registered_kernels({"SpyConv": (values, fixed_cycles(100))}):
             registry.register_kernel("SpyConv", values, cycles=fixed_cycles(100), replace=True,
                                      writes_into=True, prepare=prepare)
-            sides = []
-            for replay in (False, True):
-                loaded = Firmware(Device(CONFIG)).load(program())
-                loaded.replay = replay
-                sides.append(loaded)
+            sides = simulated_and_replayed()
             r = np.random.default_rng(1)
             for _ in range(8):
                 feeds = [r.standard_normal(SHAPE).astype(np.float32),
