@@ -13,7 +13,7 @@ import argparse
 import random
 import time
 
-from figures import Figure, bench_main, info, quick_figures
+from figures import Figure, bench_main, info
 
 from npu_sim import DeviceConfig
 from npu_sim.hbm import ALLOCATORS, Hbm
@@ -56,11 +56,6 @@ def measure(args: argparse.Namespace) -> list[Figure]:
               f" {stats['hbm.free_blocks']:>12}")
     return [info("allocator", f"{name} malloc/free rate / first_fit", rate / ref)
             for name, (rate, _) in results.items() if name != "first_fit"]
-
-
-def figures(quick: bool) -> list[Figure]:
-    """Each strategy's operation rate against first_fit's, measured in this run."""
-    return quick_figures(parser(), measure, QUICK, quick)
 
 
 def main() -> None:

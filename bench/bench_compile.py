@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import onnx
-from figures import Figure, at_most, bench_main, quick_figures
+from figures import Figure, at_most, bench_main
 
 from ep.framework.provider import FusedNode
 from ep.npusim.compiler import compile_partition
@@ -66,11 +66,6 @@ def measure(args: argparse.Namespace) -> list[Figure]:
     print(f"stage seconds (last run): {stages}")
     print("targets: compile < 2 s, peak/bound <= 1.1")
     return found
-
-
-def figures(quick: bool) -> list[Figure]:
-    """Per preset: the cold compile time and the arena peak against its lower bound."""
-    return quick_figures(parser(), measure, QUICK, quick)
 
 
 def main() -> None:

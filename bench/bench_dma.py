@@ -13,7 +13,7 @@ import argparse
 import time
 
 import numpy as np
-from figures import Figure, bench_main, info, quick_figures
+from figures import Figure, bench_main, info
 
 from npu_sim import Device, DeviceConfig
 
@@ -54,11 +54,6 @@ def measure(args: argparse.Namespace) -> list[Figure]:
         print(f"{k:>8} {rate:>12,.0f} {rate / ref:>12.2f}x {cycles:>12,}")
     return [info("dma", f"{k} channels: simulated chunks/s / 1 channel", rate / ref)
             for k, (rate, _) in results.items() if k != 1]
-
-
-def figures(quick: bool) -> list[Figure]:
-    """The simulation rate with 4 and 16 channels against one channel, in this run."""
-    return quick_figures(parser(), measure, QUICK, quick)
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from figures import Figure, at_most, bench_main, info, quick_figures
+from figures import Figure, at_most, bench_main, info
 from onnx import TensorProto, helper
 
 from ep.framework.provider import FusedNode
@@ -255,11 +255,6 @@ def measure(args: argparse.Namespace) -> list[Figure]:
         found += [info("fidelity", f"{r['name']}: launch cycles / roofline", r["sum"] / r["roof"]),
                   info("fidelity", f"{r['name']}: array cycles / closed form", ratio)]
     return found
-
-
-def figures(quick: bool) -> list[Figure]:
-    """Layers against SCALE-Sim's closed forms; whole models against the roofline."""
-    return quick_figures(parser(), measure, QUICK, quick)
 
 
 def main() -> None:

@@ -46,7 +46,7 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
-from figures import Figure, bench_main, info, quick_figures  # noqa: E402
+from figures import Figure, bench_main, info  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
 
 MODEL = os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/light/light_resnet50.onnx")
@@ -276,11 +276,6 @@ def measure(args: argparse.Namespace) -> list[Figure]:
             info("kernels", "JIT load overhead, warm cache", warm["first"] - warm["best"], "s"),
             info("kernels", "JIT compile overhead, cold cache", cold["first"] - cold["best"],
                  "s")]
-
-
-def figures(quick: bool) -> list[Figure]:
-    """The kernels' ResNet-50 time against onnxruntime, and the JIT's cost."""
-    return quick_figures(parser(), measure, QUICK, quick)
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from figures import Figure, at_least, at_most, bench_main, quick_figures
+from figures import Figure, at_least, at_most, bench_main
 
 import ep
 from ep.traces import CONFIG_CHANGES, SAMPLES, compiler_split, record, simulate
@@ -151,11 +151,6 @@ def measure(args: argparse.Namespace) -> list[Figure]:
             at_most("replay", "recording overhead (profiling / no recording)", overhead, 1.2),
             at_most("replay", f"sweep: 1,000 configs on {args.workers} cores (workers' CPU)",
                     per_1000, 60.0, "s")]
-
-
-def figures(quick: bool) -> list[Figure]:
-    """Replay accuracy and speedup, recording overhead, sweep time per 1,000 configs."""
-    return quick_figures(parser(), measure, QUICK, quick)
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from figures import Figure, at_least, at_most, bench_main, quick_figures
+from figures import Figure, at_least, at_most, bench_main
 
 import ep
 
@@ -82,11 +82,6 @@ def measure(args: argparse.Namespace) -> list[Figure]:
             at_most("session", "light_resnet50 functional run / onnxruntime CPU", t_npu / t_cpu,
                     1.5),
             at_most("session", "light_resnet50 timing-only run", t_timing * 1e3, 50.0, "ms")]
-
-
-def figures(quick: bool) -> list[Figure]:
-    """EPContext creation speedup, functional run against onnxruntime, timing-only wall time."""
-    return quick_figures(parser(), measure, QUICK, quick)
 
 
 def main() -> None:

@@ -36,7 +36,7 @@ import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).parent))
 import speed_models  # noqa: E402
-from figures import Figure, bench_main, quick_figures  # noqa: E402
+from figures import Figure, bench_main  # noqa: E402
 
 import ep  # noqa: E402
 
@@ -170,11 +170,6 @@ def measure(args: argparse.Namespace) -> list[Figure]:
         for name in args.models.split(","):
             bench_model(name, Path(tmp), table, args.repeat)
     return table.figures
-
-
-def figures(quick: bool) -> list[Figure]:
-    """Every figure of the bench set against its target (see the module docstring)."""
-    return quick_figures(parser(), measure, QUICK, quick)
 
 
 def main() -> None:

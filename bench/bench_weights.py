@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from figures import Figure, at_most, bench_main, info, quick_figures
+from figures import Figure, at_most, bench_main, info
 
 GIB = 1 << 30
 QUICK = ["--layers", "1", "2", "--dim", "512"]
@@ -196,11 +196,6 @@ def measure(ns: argparse.Namespace) -> list[Figure]:
             info("weights", "weights in HBM / reading the file",
                  session["seconds"] / read["seconds"]),
             at_most("weights", "session peak RSS / weight bytes", session["rss"] / nbytes, 1.2)]
-
-
-def figures(quick: bool) -> list[Figure]:
-    """Binary size, load time and memory against the weights (see the module docstring)."""
-    return quick_figures(parser(), measure, QUICK, quick)
 
 
 def main() -> None:

@@ -1,11 +1,10 @@
 """The benchmarks' shared protocol: every bench reports :class:`Figure` records.
 
-Each ``bench/bench_*.py`` exposes ``figures(quick: bool) -> list[Figure]`` (``quick``: a smoke
-run with small sizes, seconds rather than minutes; its figures are not the recorded ones) and a
-``main()`` that calls :func:`bench_main`: the bench's own options, plus ``--quick`` and
-``--json``. Its detailed lines go to stdout as before, then the table of its figures; with
-``--json`` the detail goes to stderr and stdout holds one JSON list of figures (the runner,
-``python -m bench``, reads that).
+Each ``bench/bench_*.py`` has a ``main()`` that calls :func:`bench_main`: the bench's own
+options, plus ``--quick`` (a smoke run with small sizes, seconds rather than minutes; its
+figures are not the recorded ones) and ``--json``. Its detailed lines go to stdout, then the
+table of its figures; with ``--json`` the detail goes to stderr and stdout holds one JSON list
+of figures (the runner, ``python -m bench``, reads that).
 
 A figure is a value measured in one run, usually a ratio against a reference measured in the
 same process, with an optional target: ``ok`` is ``True`` (pass), ``False`` (falls short) or
@@ -142,10 +141,3 @@ def bench_main(parser: argparse.ArgumentParser,
     else:
         found = measure(args)
         print("\n" + table(found), file=out)
-
-
-def quick_figures(parser: argparse.ArgumentParser,
-                  measure: Callable[[argparse.Namespace], list[Figure]],
-                  quick_args: Sequence[str], quick: bool) -> list[Figure]:
-    """``figures(quick)`` of a bench: ``measure`` with the defaults or the quick arguments."""
-    return measure(parser.parse_args(list(quick_args) if quick else []))
