@@ -366,15 +366,18 @@ class Hbm:
 
     def peek(self, address: int, nbytes: int) -> np.ndarray:
         """A ``uint8`` view of ``nbytes`` at ``address`` for reading only (never write through
-        it): the mapped host bytes themselves where the allocation refers to host memory and one
-        piece holds the range, else the same view as :meth:`view`."""
+        it). Where the allocation refers to host memory: the mapped host bytes themselves if one
+        piece holds the range, else a private copy of the range alone, which becomes its piece
+        (the rest of the allocation stays mapped); elsewhere the same view as :meth:`view`."""
         buf = self.locate(address, nbytes)
         backing = self._backing.get(buf.address)
         offset = address - buf.address
         if isinstance(backing, Pieces):
             found = backing.inside(offset, nbytes)
-            if found is not None:
-                return found
+            if found is None:
+                backing.copy(offset, backing.read(offset, nbytes))
+                found = backing.inside(offset, nbytes)
+            return found
         return self._dense(buf)[offset:offset + nbytes]
 
     def read(self, address: int, nbytes: int) -> np.ndarray:

@@ -102,6 +102,21 @@ def test_a_copied_transfer_into_a_mapped_region_keeps_the_rest_mapped(mapped):
     assert dev.hbm.read(buf.address + 164, 12).tobytes() == bytes(range(12))
 
 
+def test_peeking_across_pieces_copies_only_the_range(mapped):
+    """A range held by several pieces (a copied transfer of several chunks beside mapped
+    weights) is peeked as a copy of that range alone: the rest of the region stays mapped."""
+    array, data, _ = mapped
+    dev, buf = upload(array, share=True)
+    patch = np.arange(5 * KiB, dtype=np.uint32).view(np.uint8)[:5 * KiB].copy()
+    dev.memcpy_h2d_async(buf, patch, 64 + 1024)  # two chunks: two private pieces
+    dev.synchronize()
+    want = data[:1024] + patch.tobytes() + data[1024 + patch.size:]
+    view = dev.hbm.peek(buf.address + 64 + 512, 6 * KiB)  # mapped, both chunks, mapped
+    assert view.tobytes() == want[512:512 + 6 * KiB]
+    assert dev.stats()["hbm.mapped_bytes"] == SIZE - 6 * KiB
+    assert dev.hbm.read(buf.address + 64, SIZE).tobytes() == want
+
+
 def test_reading_a_mapped_region_back_does_not_copy_it(mapped):
     array, data, _ = mapped
     dev, buf = upload(array, share=True)
@@ -114,7 +129,7 @@ def test_reading_a_mapped_region_back_does_not_copy_it(mapped):
     assert dev.stats()["hbm.mapped_bytes"] == SIZE
 
 
-def test_memory_that_may_change_is_copied_even_when_shared(tmp_path):
+def test_memory_that_may_change_is_copied_even_when_shared():
     host = np.arange(SIZE, dtype=np.uint32).view(np.uint8)[:SIZE].copy()
     dev, buf = upload(host, share=True)
     want = host.tobytes()
