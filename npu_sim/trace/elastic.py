@@ -91,6 +91,8 @@ class _Transfer:
 
     records: tuple[TraceRecord, ...]
     ids: frozenset[int]
+    first: int
+    """The id of its first record: where its step goes in record order."""
     nbytes: int
     direction: str
     name: str
@@ -100,7 +102,8 @@ class _Transfer:
     def of(cls, records: list[TraceRecord]) -> _Transfer:
         first = records[0]
         nbytes = int(first.work.get("transfer_bytes") or sum(r.work["bytes"] for r in records))
-        return cls(tuple(records), frozenset(r.id for r in records), nbytes,
+        return cls(tuple(records), frozenset(r.id for r in records), min(r.id for r in records),
+                   nbytes,
                    first.work.get("direction", "h2d"), first.name.split("[", 1)[0],
                    first.scope.rstrip("0123456789"))
 
@@ -152,7 +155,7 @@ def _prepare(trace: Trace) -> _Prepared:
         delay = 0 if deps else max(recorded_ready - origin, 0)
         if rec.kind == "dma":
             transfer = transfers[rec.id]
-            if rec.id == min(r.id for r in transfer.records):
+            if rec.id == transfer.first:
                 steps.append(("dma", transfer, deps, delay))
         elif rec.kind == "kernel":
             steps.append(("kernel", rec, deps, delay))
@@ -186,18 +189,18 @@ def _figures(entries: list[tuple]) -> tuple[dict[str, int], dict[str, float]]:
                 busy[f"core{c}"] = busy.get(f"core{c}", 0) + e[2] - e[1]
             values = numeric.get(id(e[8]))  # the cost lives in the entry: its id is its own
             if values is None:
-                values = numeric[id(e[8])] = _numbers(getattr(e[8], "energy", None))
+                values = numeric[id(e[8])] = energy_parts(getattr(e[8], "energy", None))
         elif kind == "dma":
             busy[f"dma{e[7]}"] = busy.get(f"dma{e[7]}", 0) + e[2] - e[1]
             values = e[13].items()  # chunk_energy: numbers only
         else:
-            values = _numbers(e[4].work.get("energy"))
+            values = energy_parts(e[4].work.get("energy"))
         for part, value in values:
             energy[part] = energy.get(part, 0.0) + value
     return busy, energy
 
 
-def _numbers(parts: Any) -> list[tuple[str, Any]]:
+def energy_parts(parts: Any) -> list[tuple[str, Any]]:
     """The ``(component, number)`` pairs of an energy mapping (other values are skipped)."""
     return [(part, value) for part, value in (parts or {}).items()
             if isinstance(value, (int, float)) and not isinstance(value, bool)]

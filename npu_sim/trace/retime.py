@@ -32,7 +32,7 @@ from functools import cached_property
 
 from ..config import DeviceConfig
 from ..errors import TraceError
-from .elastic import COMPILER_FIELDS, NOT_REPLAYED, SplitRule, retime
+from .elastic import COMPILER_FIELDS, NOT_REPLAYED, SplitRule, energy_parts, retime
 from .format import Trace, load
 from .recorder import TraceRecord
 
@@ -114,11 +114,8 @@ def busy_cycles(records: tuple[TraceRecord, ...] | list[TraceRecord]) -> dict[st
 def _energy(records) -> dict[str, float]:
     total: dict[str, float] = {}
     for r in records:
-        energy = r.work.get("energy")
-        if energy:
-            for part, value in energy.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    total[part] = total.get(part, 0.0) + value
+        for part, value in energy_parts(r.work.get("energy")):
+            total[part] = total.get(part, 0.0) + value
     return total
 
 
