@@ -456,14 +456,14 @@ def prepare_conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
     into = computes_into(out, (x.shape[0], w.shape[0]) + win.out, dtype)
     fused = None if b is None else fused_bias_loop("Conv", attrs)
     scaled = "input_scale" in attrs
-    direct = into is not None and x.dtype == np.float32 and x.flags.c_contiguous and \
+    in_place = into is not None and x.dtype == np.float32 and x.flags.c_contiguous and \
         pointwise(group, win)
-    if direct:  # x's columns and the output's rows as views of fixed arrays, made once
+    if in_place:  # x's columns and the output's rows as views of fixed arrays, made once
         check_elements("Conv", "output", into.shape)
         columns = pointwise_columns(as5d(x), win)
         rows = into.reshape(into.shape[0], into.shape[1], -1)
         # strided pixels are gathered into a copy, which must be made anew for each call
-        direct = all(np.shares_memory(c, x) for c in columns)
+        in_place = all(np.shares_memory(c, x) for c in columns)
 
     wide = dtype != np.float32  # float32 operands are computed on as they are
 
@@ -472,10 +472,8 @@ def prepare_conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
         w32 = to_compute("Conv", "W", w) if wide else w
         if scaled:
             w32 = _scaled_weights(w32, group, inputs, attrs)
-        if direct:
+        if in_place:
             pointwise_products(w32.reshape(w.shape[0], -1), columns, rows)
-            if bias is not None and fused is not None and fused(into, bias):
-                return [into]  # float32, computed where it lands
             y = into
         else:
             y = conv_nd(to_compute("Conv", "X", x), w32, group, win, into=into)

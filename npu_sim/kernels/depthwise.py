@@ -188,36 +188,33 @@ def depthwise(x5: np.ndarray, w5: np.ndarray, st3: np.ndarray, di3: np.ndarray,
         rows, pitch, _ = taps.geometry(k, s, out3[1], out3[2])
         args = (x5[:, :, 0], w5.reshape(m, k * k), s, int(pb3[1]), int(pb3[2]), rows, pitch,
                 taps.offsets(k, s, rows, pitch), y[:, :, 0])
-        if y.size * k * k < SPLIT_MACS:
-            taps.depthwise(*args, 0, n * m)
-        else:
-            blas.spread(n * m, lambda lo, hi: taps.depthwise(*args, lo, hi))
+        _launch(taps.depthwise, args, n * m, y.size * k * k)
         return y
     if planar(c, math.prod(out3), int(st3[2])):
-        y = np.zeros((n, m, *out3), x5.dtype) if into is None else into.reshape(n, m, *out3)
-        if into is not None:
-            y.fill(0)
+        y = np.empty((n, m, *out3), x5.dtype) if into is None else into.reshape(n, m, *out3)
+        y.fill(0)
         args = x5, np.ascontiguousarray(w5[:, 0]), st3, di3, pb3, y
-        rows = n * m * out3[0] * out3[1]
-        if y.size * math.prod(w5.shape[2:]) < SPLIT_MACS:
-            _planes(*args, 0, rows)
-        else:
-            blas.spread(rows, lambda lo, hi: _planes(*args, lo, hi))
+        _launch(_planes, args, n * m * out3[0] * out3[1], y.size * math.prod(w5.shape[2:]))
         return y
     xt = np.ascontiguousarray(x5.transpose(0, 2, 3, 4, 1))
     if m != c:
         xt = np.repeat(xt, m // c, axis=4)
     wt = np.ascontiguousarray(w5[:, 0].transpose(1, 2, 3, 0))
     yt = np.zeros((n, *out3, m), x5.dtype)
-    rows = n * out3[0] * out3[1]
     args = xt, wt, st3, di3, pb3, yt
-    if yt.size * math.prod(w5.shape[2:]) < SPLIT_MACS:
-        _rows(*args, 0, rows)
-    else:
-        blas.spread(rows, lambda lo, hi: _rows(*args, lo, hi))
+    _launch(_rows, args, n * out3[0] * out3[1], yt.size * math.prod(w5.shape[2:]))
     back = yt.transpose(0, 4, 1, 2, 3)
     if into is None:
         return np.ascontiguousarray(back)
     y = into.reshape(back.shape)
     np.copyto(y, back)
     return y
+
+
+def _launch(loop, args: tuple, count: int, macs: int) -> None:
+    """``loop(*args, lo, hi)`` over rows ``0..count``: whole below :data:`SPLIT_MACS`, else
+    split over the kernels' thread pool (:func:`npu_sim.kernels.blas.spread`)."""
+    if macs < SPLIT_MACS:
+        loop(*args, 0, count)
+    else:
+        blas.spread(count, lambda lo, hi: loop(*args, lo, hi))

@@ -23,6 +23,7 @@ from ..epilogue import decode
 from ..errors import KernelError
 from .activations import apply_activation
 from .conv import scratch
+from .gemm import broadcasts_to
 
 _UFUNCS = {"Add": np.add, "Mul": np.multiply}
 
@@ -86,12 +87,6 @@ def bias_silu(y: np.ndarray, bias: np.ndarray) -> None:
     _sigmoid_gate(y.reshape(-1), e.reshape(-1))
 
 
-def _broadcasts(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
-    """Whether ``shape`` broadcasts unidirectionally to ``target``."""
-    return len(shape) <= len(target) and all(
-        s in (1, t) for s, t in zip(reversed(shape), reversed(target), strict=False))
-
-
 def apply_epilogue(op: str, y: np.ndarray, attrs: Mapping[str, Any],
                    inputs: Sequence[np.ndarray | None]) -> np.ndarray:
     """``y`` (the kernel's own float32 buffer) after the epilogue in ``attrs``; in place where
@@ -103,7 +98,7 @@ def apply_epilogue(op: str, y: np.ndarray, attrs: Mapping[str, Any],
             if other is None:
                 raise KernelError(op, "", f"epilogue step {step.op} reads input {step.operand}, "
                                           f"which is missing ({len(inputs)} inputs)")
-            if not _broadcasts(other.shape, y.shape) or other.dtype.kind != "f":
+            if not broadcasts_to(other.shape, y.shape) or other.dtype.kind != "f":
                 raise KernelError(op, "", f"epilogue operand {step.operand} of shape "
                                           f"{other.shape}, dtype {other.dtype} must be float and "
                                           f"broadcast to the output {y.shape}")

@@ -94,6 +94,8 @@ def computes_into(out: Sequence[np.ndarray | None] | None, shape: tuple[int, ...
 def landed(into: np.ndarray | None, result: np.ndarray) -> np.ndarray:
     """``into`` itself when ``result`` is its bytes (a same-shaped view of it: the caller then
     copies nothing), else ``result``."""
+    if result is into:
+        return into
     if into is not None and result.shape == into.shape and result.dtype == into.dtype and \
             result.ctypes.data == into.ctypes.data:
         return into
@@ -193,7 +195,7 @@ def gemm(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
         y *= alpha
     if c is not None:
         out_shape = y.shape
-        if c.ndim > 2 or not _broadcasts_to(c.shape, out_shape):
+        if c.ndim > 2 or not broadcasts_to(c.shape, out_shape):
             raise KernelError(
                 "Gemm", "", f"C of shape {c.shape} does not broadcast to the output {out_shape}"
             )
@@ -202,7 +204,7 @@ def gemm(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
     return [landed(into, finish(y, attrs, dtype, "Gemm", inputs))]
 
 
-def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+def broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
     """Whether ``shape`` broadcasts unidirectionally to ``target``."""
     try:
         return np.broadcast_shapes(shape, target) == target

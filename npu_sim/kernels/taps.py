@@ -26,6 +26,8 @@ against 0.11); and splitting short stride-2 rows by a table of offsets was no fa
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit
 
@@ -51,11 +53,14 @@ def rounded(span):  # pragma: no cover - compiled
     return -(-span // VECTOR) * VECTOR
 
 
+@functools.lru_cache(maxsize=1024)
 def offsets(k: int, s: int, rows: int, pitch: int) -> np.ndarray:
     """Offset of tap ``(j, l)``'s run in the flattened phases (s, s, rows, pitch), (j, l)
-    order."""
-    return np.array([((j % s * s + i % s) * rows + j // s) * pitch + i // s
-                     for j in range(k) for i in range(k)], np.int64)
+    order; read-only, made once per geometry (a program runs the same layers every time)."""
+    found = np.array([((j % s * s + i % s) * rows + j // s) * pitch + i // s
+                      for j in range(k) for i in range(k)], np.int64)
+    found.flags.writeable = False
+    return found
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

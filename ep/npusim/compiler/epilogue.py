@@ -37,7 +37,7 @@ from npu_sim.epilogue import BINARY, GATES, Step, decode, encode, operands
 
 from ..ops import Fusion, ops_where
 from .ir import Node, SubGraph
-from .rewrite import activation_params
+from .rewrite import activation_params, broadcasts_to
 
 HOSTS = ops_where(fusion=Fusion.HOST)
 ACTIVATIONS = ops_where(fusion=Fusion.ACTIVATION)
@@ -149,7 +149,7 @@ def _absorb(index: _Readers, host: Node) -> bool:
     if (node.op in BINARY or node.op == "Sum") and len(node.inputs) == 2:
         other = node.inputs[1] if node.inputs[0] == out else node.inputs[0]
         dtype, shape = graph.types[other]
-        if dtype != "float32" or not _broadcasts_to(shape, graph.types[out][1]):
+        if dtype != "float32" or not broadcasts_to(shape, graph.types[out][1]):
             return False
         at = OWN_INPUTS[host.op]
         host.inputs = [*host.inputs, *[""] * (at - len(host.inputs))]
@@ -200,10 +200,3 @@ def _fold(index: _Readers, host: Node, nodes: list[Node], step: Step) -> bool:
     for node in nodes[:-1]:
         graph.nodes.remove(node)
     return True
-
-
-def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
-    """Whether ``shape`` broadcasts unidirectionally to ``target`` (ONNX rules)."""
-    if len(shape) > len(target):
-        return False
-    return all(s in (1, t) for s, t in zip(reversed(shape), reversed(target), strict=False))

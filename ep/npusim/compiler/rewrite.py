@@ -211,7 +211,7 @@ def matmul_add_to_gemm(graph: SubGraph) -> int:
         other = add.inputs[1] if add.inputs[0] == mm.outputs[0] else add.inputs[0]
         bias = graph.const(other)
         out_shape = (a_shape[0], b_shape[1])
-        if bias is None or bias.dtype.name != a_type or not _broadcasts_to(bias.shape, out_shape):
+        if bias is None or bias.dtype.name != a_type or not broadcasts_to(bias.shape, out_shape):
             continue
         mm.op = "Gemm"
         mm.inputs = [mm.inputs[0], mm.inputs[1], other]
@@ -222,7 +222,7 @@ def matmul_add_to_gemm(graph: SubGraph) -> int:
     return rewritten
 
 
-def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+def broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
     """Whether ``shape`` broadcasts unidirectionally to ``target`` (ONNX rules)."""
     if len(shape) > len(target):
         return False
