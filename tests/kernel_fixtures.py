@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -32,10 +33,12 @@ def fixed_cycles(cycles: int) -> CyclesFn:
 
 
 @contextmanager
-def registered_kernels(kernels: Mapping[str, tuple[ValuesFn, CyclesFn]]) -> Iterator[None]:
-    """Register ``{name: (values, cycles)}`` inside the block; unregister them on the way out."""
+def registered_kernels(kernels: Mapping[str, tuple[ValuesFn, CyclesFn]],
+                       **options: Any) -> Iterator[None]:
+    """Register ``{name: (values, cycles)}`` inside the block, with ``options`` of
+    :func:`register_kernel` (``writes_into``, ``prepare``); unregister them on the way out."""
     for name, (values, cycles) in kernels.items():
-        register_kernel(name, values, cycles=cycles, replace=True)
+        register_kernel(name, values, cycles=cycles, replace=True, **options)
     try:
         yield
     finally:

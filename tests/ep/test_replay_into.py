@@ -12,7 +12,6 @@ from firmware_model.program import Region
 from npu_sim import DeviceConfig
 from npu_sim.device import Device
 from npu_sim.errors import KernelError
-from npu_sim.kernels import registry
 from npu_sim.kernels.conv import conv, prepare_conv
 
 CONFIG = DeviceConfig.preset("npu-m")
@@ -53,9 +52,7 @@ def simulated_and_replayed() -> list:
 
 
 def test_replay_writes_into_outputs_that_overlap_no_input() -> None:
-    with registered_kernels({"SpyConv": (spy, fixed_cycles(100))}):
-        registry.register_kernel("SpyConv", spy, cycles=fixed_cycles(100), replace=True,
-                                 writes_into=True)
+    with registered_kernels({"SpyConv": (spy, fixed_cycles(100))}, writes_into=True):
         sides = simulated_and_replayed()
         r = np.random.default_rng(0)
         address, spec = sides[1].operand(3)
@@ -104,9 +101,8 @@ def test_replay_prepares_each_launch_once_and_falls_back_when_it_cannot() -> Non
 
     for prepare in (counting, refusing):
         calls.update(prepare=0, run=0, values=0)
-        with registered_kernels({"SpyConv": (values, fixed_cycles(100))}):
-            registry.register_kernel("SpyConv", values, cycles=fixed_cycles(100), replace=True,
-                                     writes_into=True, prepare=prepare)
+        with registered_kernels({"SpyConv": (values, fixed_cycles(100))}, writes_into=True,
+                                prepare=prepare):
             sides = simulated_and_replayed()
             r = np.random.default_rng(1)
             for _ in range(8):
