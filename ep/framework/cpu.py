@@ -30,10 +30,12 @@ _MIN_IR_VERSION = 7  # initializers need not be graph inputs from IR 4; 7 is ORT
 
 
 def fused_model(fused: FusedNode) -> onnx.ModelProto:
-    """A standalone ONNX model of a fused node's subgraph, with the source opset imports."""
+    """A standalone ONNX model of a fused node's subgraph, with the source opset imports (a
+    new one each call: the fused node does not keep its weights' copy)."""
     opsets = list(fused.opset_imports)
     ir_version = max(_MIN_IR_VERSION, helper.find_min_ir_version_for(opsets, True))
-    return helper.make_model(fused.graph, opset_imports=opsets, ir_version=ir_version)
+    return helper.make_model(fused.standalone_graph(), opset_imports=opsets,
+                             ir_version=ir_version)
 
 
 def same_error(exc: Exception) -> type[errors.OrtError]:
@@ -52,15 +54,15 @@ class OrtCompiledNode(CompiledNode):
         self.inputs = list(fused.inputs)
         self.outputs = list(fused.outputs)
         self._options = options
-        self._model: onnx.ModelProto | None = None
+        self._fused = fused  # its weights are the session's views: a partial run's model
         self._session: ort.InferenceSession | None = None
         # Partial runs: per set of wanted outputs, a session of only the nodes they need
         # (onnxruntime itself runs every node of a session whatever outputs are fetched).
-        self._partial: dict[tuple[bool, ...], tuple[ort.InferenceSession, list[str]]] = {}
+        self._partial: dict[tuple[bool, ...],
+                            tuple[ort.InferenceSession, list[str], list[str]]] = {}
         self._lock = threading.Lock()
         if self.outputs:  # a partition nothing reads is dead code: nothing to run
-            self._model = fused_model(fused)
-            self._session = self._open(self._model)
+            self._session = self._open(fused_model(fused))
 
     def _open(self, model: onnx.ModelProto) -> ort.InferenceSession:
         try:
@@ -81,17 +83,17 @@ class OrtCompiledNode(CompiledNode):
     def run_partial(self, inputs: Sequence[np.ndarray], wanted: Sequence[bool]) -> list[Any]:
         """Run only the nodes the ``wanted`` outputs need (None for the others)."""
         self._check(inputs)
-        if self._model is None or all(wanted):
+        if self._session is None or all(wanted):
             return self.run(inputs)
         key = tuple(bool(w) for w in wanted)
         with self._lock:
             if key not in self._partial:
                 names = [n for n, w in zip(self.outputs, key, strict=True) if w]
-                pruned = needed_subgraph(self._model, names)
-                self._partial[key] = (self._open(pruned), [i.name for i in pruned.graph.input])
-            session, feeds_names = self._partial[key]
+                pruned = needed_subgraph(fused_model(self._fused), names)
+                self._partial[key] = (self._open(pruned), [i.name for i in pruned.graph.input],
+                                      names)
+            session, feeds_names, names = self._partial[key]
         given = dict(zip(self.inputs, inputs, strict=True))
-        names = [n for n, w in zip(self.outputs, key, strict=True) if w]
         values = iter(self._fetch(session, feeds_names, names, [given[n] for n in feeds_names]))
         return [next(values) if w else None for w in key]
 

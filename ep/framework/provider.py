@@ -68,7 +68,13 @@ class FusedNode:
 
     @cached_property
     def graph(self) -> onnx.GraphProto:
-        """The standalone subgraph: ``body`` with ``initializers`` copied in (before its own)."""
+        """The standalone subgraph: ``body`` with ``initializers`` copied in (before its own);
+        made on first use and kept (:meth:`standalone_graph` makes one that is not kept)."""
+        return self.standalone_graph()
+
+    def standalone_graph(self) -> onnx.GraphProto:
+        """A new standalone subgraph (see :attr:`graph`): the weights copied in for a caller
+        that hands it on (serialized to onnxruntime) and does not keep it."""
         if not self.initializers:
             return self.body
         graph = onnx.GraphProto()

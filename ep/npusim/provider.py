@@ -212,7 +212,7 @@ class NpuSimExecutionProvider(ExecutionProvider):
                                                                      strict=True))
                  if i not in view.assigned and (name in self.cpu_nodes
                                                 or node.op_type in self.cpu_nodes)}
-        capabilities, reasons = get_npu_capability(view.with_assigned(view.assigned | set(moved)))
+        capabilities, reasons = get_npu_capability(view, set(moved))
         return capabilities, {**reasons, **moved}
 
     def decline_reasons(self, graph: GraphView) -> dict[int, str]:
