@@ -18,8 +18,9 @@ parser and sets ``handler``; :func:`main` parses and dispatches. Subcommands:
 ``--json`` on ``run``, ``inspect``, ``devices``, ``replay``, ``report``, ``diff``, ``sweep`` and
 ``bench`` prints one JSON document instead of text. Exit status: 0 success; 1 a model or file
 error, printed as one line on stderr with what to do next when the error says
-(:mod:`ep.cli_errors`), the traceback only with ``--debug``; 2 a usage error. Work that can take
-more than a couple of seconds shows a progress line on a terminal (:mod:`ep.cli_progress`).
+(:mod:`ep.cli_errors`), the traceback only with ``--debug``; 2 a usage error; 130 interrupted.
+Work that can take more than a couple of seconds shows a progress line on a terminal
+(:mod:`ep.cli_progress`).
 """
 
 from __future__ import annotations
