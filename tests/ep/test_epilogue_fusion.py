@@ -18,8 +18,7 @@ from onnx import TensorProto, helper
 from test_compiler import replay
 
 import ep
-import ep.npusim.compiler as compiler
-from ep.npusim.compiler import compile_partition
+from ep.npusim.compiler import compile_partition, rewrite
 from firmware_model.commands import unpack
 from npu_sim.config import DeviceConfig
 from npu_sim.cost import op_cost
@@ -204,7 +203,7 @@ def test_non_fusable_case_stays_unfused_and_matches_onnxruntime(name):
 
 
 def _without_pass(monkeypatch):
-    monkeypatch.setattr(compiler, "fuse_epilogues", lambda graph: 0)
+    monkeypatch.setattr(rewrite, "fuse_epilogues", lambda graph: 0)
 
 
 def _program(m):

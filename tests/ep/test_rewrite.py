@@ -148,7 +148,9 @@ def test_optimize_residual_block():
     g = imported(m)
     counts = rewrite.optimize(g)
     assert counts["fold_batchnorm"] == 2 and counts["fuse_activations"] == 1
-    assert ops(g) == ["Conv", "Conv", "Add", "Relu"]
+    assert counts["fuse_epilogues"] == 2  # the residual Add and its Relu join the second Conv
+    assert ops(g) == ["Conv", "Conv"]
+    assert [n.attrs.get("epilogue") for n in g.nodes] == [None, ("Add", "Relu")]
     check_equivalent(m, g)
 
 

@@ -5,7 +5,7 @@
 1. import (:mod:`.ir`): the subgraph with every shape static (dim overrides + ONNX shape
    inference; a symbolic dimension left is an error naming the tensor);
 2. rewrites (:mod:`.rewrite`): constant folding, QDQ -> QLinear, BatchNormalization into Conv,
-   MatMul + Add -> Gemm, activation fusion; then epilogue fusion (:mod:`.epilogue`);
+   MatMul + Add -> Gemm, activation fusion, then epilogue fusion (:mod:`.epilogue`);
 3. lowering (:mod:`.lower`): one kernel launch per remaining node, views aliased to their input;
 4. tiling (:mod:`.tiling`) and memory plan (:mod:`.memplan`): core split, SRAM tiles and core
    masks per launch; arena offsets by liveness with reuse, weights placed once per content;
@@ -28,7 +28,6 @@ from npu_sim.config import DeviceConfig
 
 from ...framework.provider import FusedNode
 from .emit import emit, launch_dependencies
-from .epilogue import fuse_epilogues
 from .ir import SubGraph
 from .lower import Lowered, lower
 from .memplan import ArenaPlan, liveness, plan_arena, plan_weights
@@ -106,8 +105,6 @@ def compile_subgraph(
         clock = now
 
     rewrites = optimize(graph)
-    rewrites["fuse_epilogues"] = fuse_epilogues(graph)
-    graph.remove_dead()
     lap("rewrite")
     lowered = lower(graph)
     lap("lower")

@@ -36,8 +36,7 @@ from __future__ import annotations
 from npu_sim.epilogue import BINARY, GATES, Step, decode, encode, operands
 
 from ..ops import Fusion, ops_where
-from .ir import Node, SubGraph
-from .rewrite import activation_params, broadcasts_to
+from .ir import Node, SubGraph, activation_params, broadcasts_to
 
 HOSTS = ops_where(fusion=Fusion.HOST)
 ACTIVATIONS = ops_where(fusion=Fusion.ACTIVATION)

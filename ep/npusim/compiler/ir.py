@@ -28,6 +28,7 @@ from onnx import helper, numpy_helper
 
 from npu_sim import dtypes
 from npu_sim import kernels as npu_kernels
+from npu_sim.kernels.activations import clip_range
 
 from ... import errors
 from ...framework.shapes import WEIGHT_BYTES, nbytes
@@ -311,6 +312,41 @@ def _static_type(vi: onnx.ValueInfoProto) -> TensorType:
         raise errors.Fail(f"NpuSim compiler: tensor {vi.name!r} has element type "
                           f"{tt.elem_type}, which the device does not support") from None
     return dtype, tuple(shape)
+
+
+def broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether ``shape`` broadcasts unidirectionally to ``target`` (ONNX rules)."""
+    if len(shape) > len(target):
+        return False
+    return all(s in (1, t) for s, t in zip(reversed(shape), reversed(target), strict=False))
+
+
+
+def activation_params(graph: SubGraph, act: Node) -> tuple[float, ...] | None:
+    """The fused-activation parameters of ``act`` (None when they are not constant)."""
+    a = act.attrs
+    if act.op == "LeakyRelu":
+        return (float(a.get("alpha", 0.01)),)
+    if act.op == "HardSigmoid":
+        return (float(a.get("alpha", 0.2)), float(a.get("beta", 0.5)))
+    if act.op == "Gelu":
+        return (1.0 if a.get("approximate", "none") == "tanh" else 0.0,)
+    if act.op == "Clip":
+        low, high = clip_range(dtypes.to_numpy(graph.types[act.inputs[0]][0]))
+        if "min" in a or "max" in a:  # opset < 11: bounds are attributes
+            return (float(a.get("min", low)), float(a.get("max", high)))
+        bounds = []
+        for k, default in ((1, low), (2, high)):
+            name = act.inputs[k] if len(act.inputs) > k else ""
+            if not name:
+                bounds.append(default)
+                continue
+            value = graph.const(name)
+            if value is None or value.size != 1:
+                return None
+            bounds.append(float(value.reshape(())))
+        return tuple(bounds)
+    return ()
 
 
 def run_node(node: Node, values: Sequence[np.ndarray | None]) -> list[np.ndarray]:

@@ -18,6 +18,8 @@ previous:
 4. :func:`matmul_add_to_gemm` -- MatMul(2-D A, 2-D B) + constant bias becomes Gemm.
 5. :func:`fuse_activations` -- Conv/ConvTranspose/Gemm/MatMul -> activation becomes one node
    with ``activation`` / ``activation_params`` attributes.
+6. :func:`~.epilogue.fuse_epilogues` -- the elementwise ops after such a node (gates, residual
+   Add, scales) join its launch as an epilogue.
 
 Dead nodes and constants are dropped at the end. A rewrite fires only where the intermediate
 tensor it removes has no other reader and is not a graph output.
@@ -29,11 +31,11 @@ import numpy as np
 
 from npu_sim import dtypes
 from npu_sim.errors import NpuSimError
-from npu_sim.kernels.activations import clip_range
 from npu_sim.kernels.limits import check_elements
 
 from ..ops import Fusion, ops_where
-from .ir import Node, SubGraph, contiguous, run_node
+from .epilogue import fuse_epilogues
+from .ir import Node, SubGraph, activation_params, broadcasts_to, contiguous, run_node
 
 FUSABLE_ACTIVATIONS = ops_where(fusion=Fusion.ACTIVATION)
 ACTIVATION_HOSTS = ops_where(fusion=Fusion.HOST)
@@ -56,6 +58,7 @@ def optimize(graph: SubGraph) -> dict[str, int]:
     counts["fold_batchnorm"] = fold_batchnorm(graph)
     counts["matmul_add_to_gemm"] = matmul_add_to_gemm(graph)
     counts["fuse_activations"] = fuse_activations(graph)
+    counts["fuse_epilogues"] = fuse_epilogues(graph)
     graph.remove_dead()
     return counts
 
@@ -222,13 +225,6 @@ def matmul_add_to_gemm(graph: SubGraph) -> int:
     return rewritten
 
 
-def broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
-    """Whether ``shape`` broadcasts unidirectionally to ``target`` (ONNX rules)."""
-    if len(shape) > len(target):
-        return False
-    return all(s in (1, t) for s, t in zip(reversed(shape), reversed(target), strict=False))
-
-
 # -- activation fusion ------------------------------------------------------------------------
 
 
@@ -253,33 +249,6 @@ def fuse_activations(graph: SubGraph) -> int:
         graph.nodes.remove(act)
         fused += 1
     return fused
-
-
-def activation_params(graph: SubGraph, act: Node) -> tuple[float, ...] | None:
-    """The fused-activation parameters of ``act`` (None when they are not constant)."""
-    a = act.attrs
-    if act.op == "LeakyRelu":
-        return (float(a.get("alpha", 0.01)),)
-    if act.op == "HardSigmoid":
-        return (float(a.get("alpha", 0.2)), float(a.get("beta", 0.5)))
-    if act.op == "Gelu":
-        return (1.0 if a.get("approximate", "none") == "tanh" else 0.0,)
-    if act.op == "Clip":
-        low, high = clip_range(dtypes.to_numpy(graph.types[act.inputs[0]][0]))
-        if "min" in a or "max" in a:  # opset < 11: bounds are attributes
-            return (float(a.get("min", low)), float(a.get("max", high)))
-        bounds = []
-        for k, default in ((1, low), (2, high)):
-            name = act.inputs[k] if len(act.inputs) > k else ""
-            if not name:
-                bounds.append(default)
-                continue
-            value = graph.const(name)
-            if value is None or value.size != 1:
-                return None
-            bounds.append(float(value.reshape(())))
-        return tuple(bounds)
-    return ()
 
 
 # -- QDQ -> QLinear ---------------------------------------------------------------------------
