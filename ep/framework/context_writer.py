@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from .epcontext import (
     parse_ep_context_node,
 )
 from .files import atomic_write, remove_stale_temporaries
-from .graph import GraphView
+from .graph import GraphView, node_reads
 from .options import (
     EP_CONTEXT_EMBED_MODE,
     EP_CONTEXT_EXTERNAL_INITIALIZERS,
@@ -58,7 +58,7 @@ def build_context_model(
             nodes.append(ctx)
         else:
             nodes.extend(view.nodes[i] for i in part.nodes)
-    used = {name for node in nodes for name in _reads(node)}
+    used = {name for node in nodes for name in node_reads(node)}
     initializers = [view.initializers[n] for n in view.initializers if n in used]
     # A small Constant node's output crosses no partition boundary (the partitioner copies it
     # into each fused subgraph that reads it); when its Constant node went into an EPContext
@@ -81,15 +81,6 @@ def build_context_model(
     for prop in source.metadata_props:
         model.metadata_props.add().CopyFrom(prop)
     return model
-
-
-def _reads(node: onnx.NodeProto) -> Iterable[str]:
-    yield from (i for i in node.input if i)
-    for attr in node.attribute:
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-        for sub in graphs:
-            for inner in sub.node:
-                yield from _reads(inner)
 
 
 def _inline(tensor: onnx.TensorProto) -> onnx.TensorProto:

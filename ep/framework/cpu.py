@@ -20,7 +20,7 @@ from onnx import helper
 
 from .. import errors
 from ..errors import EPFail, InvalidArgument
-from .graph import GraphView
+from .graph import GraphView, node_reads
 from .options import INTRA_OP_THREADS
 from .provider import CompiledNode, ComputeCapability, ExecutionProvider, FusedNode
 from .registry import register_provider
@@ -121,7 +121,7 @@ def needed_subgraph(model: onnx.ModelProto, outputs: Sequence[str]) -> onnx.Mode
     for node in reversed(graph.node):  # a fused subgraph is in topological order
         if need.intersection(node.output):
             kept.append(node)
-            need.update(_reads(node))
+            need.update(node_reads(node))
     out = onnx.ModelProto()
     out.CopyFrom(model)
     del out.graph.node[:]
@@ -133,16 +133,6 @@ def needed_subgraph(model: onnx.ModelProto, outputs: Sequence[str]) -> onnx.Mode
         del field[:]
         field.extend(values)
     return out
-
-
-def _reads(node: onnx.NodeProto) -> set[str]:
-    """Every tensor a node reads, including from its subgraphs (outer-scope names)."""
-    names = {i for i in node.input if i}
-    for attr in node.attribute:
-        for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
-            for inner in sub.node:
-                names |= _reads(inner)
-    return names
 
 
 class CPUExecutionProvider(ExecutionProvider):

@@ -59,6 +59,16 @@ def _subgraph_references(graph: onnx.GraphProto) -> set[str]:
     return used - defined
 
 
+def node_reads(node: onnx.NodeProto) -> list[str]:
+    """Every tensor ``node`` reads, each once: its inputs, then the outer-scope names its
+    subgraphs (If, Loop, Scan bodies) read."""
+    names = list(dict.fromkeys(i for i in node.input if i))
+    for attr in node.attribute:
+        for sub in _attr_graphs(attr):
+            names.extend(n for n in sorted(_subgraph_references(sub)) if n not in names)
+    return names
+
+
 def _attr_graphs(attr: onnx.AttributeProto) -> list[onnx.GraphProto]:
     if attr.type == onnx.AttributeProto.GRAPH:
         return [attr.g]
@@ -266,12 +276,10 @@ class GraphView:
 
 
 def _matches(tensor: onnx.TensorProto, value: np.ndarray) -> bool:
-    """Whether ``value`` has ``tensor``'s shape and element type."""
-    try:
-        dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
-    except (KeyError, ValueError, TypeError):
-        return False
-    return value.dtype == dtype and value.shape == tuple(tensor.dims)
+    """Whether ``value`` has ``tensor``'s shape and element type (``tensor`` is an initializer
+    of the optimized model: its type is one onnx knows)."""
+    return value.shape == tuple(tensor.dims) and \
+        value.dtype == helper.tensor_dtype_to_np_dtype(tensor.data_type)
 
 
 def _dtype_name(elem_type: int) -> str | None:
@@ -339,10 +347,7 @@ def _toposort(
     pending = [0] * len(graph.node)
     users: list[list[int]] = [[] for _ in graph.node]
     for k, node in enumerate(graph.node):
-        names = list(dict.fromkeys(i for i in node.input if i))
-        for attr in node.attribute:
-            for sub in _attr_graphs(attr):
-                names.extend(n for n in sorted(_subgraph_references(sub)) if n not in names)
+        names = node_reads(node)
         node_inputs.append(names)
         for name in names:
             if name in producer:
