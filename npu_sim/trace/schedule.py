@@ -86,13 +86,12 @@ class Clock:
 
 
 class Event:
-    """Something that happens once; ``value`` is what it carries (a channel number)."""
+    """Something that happens once."""
 
-    __slots__ = ("waiters", "value")
+    __slots__ = ("waiters",)
 
     def __init__(self) -> None:
         self.waiters: list[Action] | None = []  # None once it happened
-        self.value: Any = None
 
     def fire(self) -> None:
         """It happens now: everyone waiting continues, in the order they started waiting."""
@@ -180,15 +179,9 @@ class Pool:
         self.items = list(items)
         self.queue: deque[Callable[[Any], None]] = deque()
 
-    def get(self) -> Event:
-        """An event that happens when an item is handed over; the item is its ``value``."""
-        got = Event()
-        self.take(partial(_deliver, got))
-        return got
-
     def take(self, action: Callable[[Any], None]) -> None:
-        """Run ``action(item)`` when an item is handed over: ``get().then(...)`` without the
-        event."""
+        """Run ``action(item)`` when an item is handed over (simpy's ``Store.get``: the step
+        that would resume a process waiting for the item runs ``action``)."""
         self.queue.append(action)
         self._hand()
 
@@ -201,7 +194,3 @@ class Pool:
         if self.queue and self.items:
             self.clock.soon(partial(self.queue.popleft(), self.items.pop(0)))
 
-
-def _deliver(event: Event, item: Any) -> None:
-    event.value = item
-    event.fire()

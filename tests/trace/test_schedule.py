@@ -62,8 +62,8 @@ def _on_simpy(spec) -> list[tuple]:
 
 
 def _on_clock(spec, direct: bool = False) -> list[tuple]:
-    """``spec`` on a :class:`Clock`; ``direct``: odd jobs wait with ``Pool.take`` and (on one
-    unit) ``Resource.acquire`` instead of the events of ``get`` and ``request``."""
+    """``spec`` on a :class:`Clock`; ``direct``: odd jobs on one unit wait with
+    ``Resource.acquire`` instead of the event of ``request``."""
     clock = Clock()
     units = {"core0": Resource(clock), "core1": Resource(clock), "link": Resource(clock)}
     pool = Pool(clock, [0, 1])
@@ -73,7 +73,7 @@ def _on_clock(spec, direct: bool = False) -> list[tuple]:
     def job(i, delay, deps, unit, hold, finished):
         def ready():
             log.append((i, "ready", clock.now))
-            if unit == "pool" and direct and i % 2:
+            if unit == "pool":
                 def taken(item):
                     log.append((i, "got", item, clock.now))
 
@@ -84,20 +84,6 @@ def _on_clock(spec, direct: bool = False) -> list[tuple]:
                     clock.at(hold, held)
 
                 pool.take(taken)
-                return
-            if unit == "pool":
-                got = pool.get()
-
-                def granted():
-                    log.append((i, "got", got.value, clock.now))
-
-                    def held():
-                        pool.put(got.value)
-                        end()
-
-                    clock.at(hold, held)
-
-                got.then(granted)
                 return
             names = ["core0", "core1"] if unit == "both" else [unit]
 
@@ -143,7 +129,7 @@ def test_the_scheduler_keeps_simpys_order_step_for_step(spec):
 
 @settings(max_examples=300, deadline=None)
 @given(jobs)
-def test_acquire_and_take_keep_simpys_order_step_for_step(spec):
+def test_acquire_keeps_simpys_order_step_for_step(spec):
     """What DMA chunks wait with: a waiter queued itself takes the step its event would."""
     assert _on_clock(spec, direct=True) == _on_simpy(spec)
 
