@@ -19,7 +19,6 @@ run finishes (:meth:`Recording.add_run`) and stitches them into one dependency g
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -79,9 +78,7 @@ def _stitch(out: list[TraceRecord], name: str, records: tuple[TraceRecord, ...],
         depended.update(d for d, _ in edges)  # engine edges make no record less of a sink
         edges.extend((new_id[d], "engine") for d in held.get(rec.id, ()))
         edges.sort()
-        out.append(dataclasses.replace(
-            rec, id=new_id[rec.id], deps=tuple(d for d, _ in edges),
-            why=() if all(w == "data" for _, w in edges) else tuple(w for _, w in edges)))
+        out.append(rec.with_edges(edges, id=new_id[rec.id]))
     sinks = [base + i for i in range(len(records)) if base + i not in depended]
     host = [(last_host, "host")] if last_host is not None else []
     edges = sorted(host + [(s, "completion") for s in sinks])

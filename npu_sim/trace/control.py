@@ -18,7 +18,6 @@ its ``engine`` edge names it. ``docs/trace_format.md`` says so.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
@@ -70,17 +69,11 @@ def rederived(records: Sequence[TraceRecord]) -> tuple[TraceRecord, ...]:
     """``records`` (re-timed by a replay) with their ``engine`` and ``order`` edges replaced by
     the ``engine`` edges their own times imply: the recorded ones named who held an engine
     under the recording config."""
-    stripped = [r if not DERIVED.intersection(r.why) else _with_edges(
-        r, [(d, why) for d, why in r.edges if why not in DERIVED]) for r in records]
+    stripped = [r if not DERIVED.intersection(r.why) else r.with_edges(
+        [(d, why) for d, why in r.edges if why not in DERIVED]) for r in records]
     held = engine_edges(stripped)
-    return tuple(r if r.id not in held else _with_edges(
-        r, sorted([*r.edges, *((d, "engine") for d in held[r.id])])) for r in stripped)
-
-
-def _with_edges(rec: TraceRecord, edges: list[tuple[int, str]]) -> TraceRecord:
-    why = tuple(w for _, w in edges)
-    return dataclasses.replace(rec, deps=tuple(d for d, _ in edges),
-                               why=() if all(w == "data" for w in why) else why)
+    return tuple(r if r.id not in held else r.with_edges(
+        sorted([*r.edges, *((d, "engine") for d in held[r.id])])) for r in stripped)
 
 
 def without(edges: Iterable[tuple[int, str]], whys: frozenset[str]) -> tuple[int, ...]:

@@ -80,6 +80,13 @@ class TraceRecord:
         """``(dependency id, why)`` pairs."""
         return tuple((d, self.edge_kind(i)) for i, d in enumerate(self.deps))
 
+    def with_edges(self, edges: Sequence[tuple[int, str]], **changes: Any) -> TraceRecord:
+        """A copy whose dependencies are ``edges`` (``(id, why)`` pairs; all ``data``: no
+        ``why``), with ``changes`` to other fields."""
+        why = tuple(w for _, w in edges)
+        return dataclasses.replace(self, deps=tuple(d for d, _ in edges),
+                                   why=() if all(w == "data" for w in why) else why, **changes)
+
     def shifted(self, cycles: int, ids: int = 0) -> TraceRecord:
         """A copy ``cycles`` later, with this id and every dependency id moved by ``ids``."""
         return dataclasses.replace(
