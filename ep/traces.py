@@ -10,6 +10,7 @@ models the repository keeps traces of; regenerate ``traces/`` with::
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -131,8 +132,12 @@ def simulate(model: onnx.ModelProto, config: DeviceConfig, runs: int = 1) -> int
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Regenerate the sample traces (and their Perfetto exports) into ``OUT_DIR``."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    out = Path(args[0] if args else "traces")
+    parser = argparse.ArgumentParser(
+        prog="python -m ep.traces",
+        description="Regenerate the sample traces and their Perfetto exports.")
+    parser.add_argument("out_dir", nargs="?", default="traces", metavar="OUT_DIR",
+                        help="folder to write into (default: traces)")
+    out = Path(parser.parse_args(argv).out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = DeviceConfig.preset("npu-m")
     for name, build in SAMPLES.items():

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ep.traces import SAMPLES, compiler_split
+from ep.traces import SAMPLES, compiler_split, main
 from npu_sim.trace import load, replay
 
 TRACES = Path(__file__).resolve().parents[2] / "traces"
@@ -26,9 +26,19 @@ def test_sample_trace_replays_to_its_recorded_makespan(name):
 
 
 def test_samples_are_what_the_generator_writes(tmp_path):
-    from ep.traces import main
-
     assert main([str(tmp_path)]) == 0
     for name in SAMPLES:
         assert (tmp_path / f"{name}.trace.jsonl").read_bytes() == \
             (TRACES / f"{name}.trace.jsonl").read_bytes(), f"traces/ is stale: regenerate {name}"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--bogus"], ["a", "b"]])
+def test_generator_options_write_nothing(tmp_path, monkeypatch, capsys, argv):
+    """An option is never taken for the output folder (``--help`` once made a folder so
+    named); a usage error exits with status 2, as every command here does."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == (0 if argv == ["--help"] else 2)
+    assert list(tmp_path.iterdir()) == []
+    assert "usage: python -m ep.traces" in capsys.readouterr()[argv != ["--help"]]
