@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import re
-from pathlib import Path
 
 import onnx
 
@@ -84,10 +83,6 @@ def _bigger_devices(device: str | None, takes_cpu_nodes: bool) -> str:
 
 def _config(device: str | None) -> DeviceConfig | None:
     try:
-        if device is None or device in PRESETS:
-            return DeviceConfig.preset(device or "npu-m")
-        if Path(device).suffix.lower() in (".json", ".toml"):
-            return DeviceConfig.from_file(device)
-    except (NpuSimError, OSError):
+        return DeviceConfig.named(device or "npu-m")
+    except NpuSimError:
         return None
-    return None

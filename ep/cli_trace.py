@@ -24,20 +24,19 @@ from typing import Any, TextIO
 
 from ep import cli_progress
 from ep.traces import compiler_split
-from npu_sim.config import PRESETS, DeviceConfig
-from npu_sim.errors import TraceError
+from npu_sim.config import DeviceConfig
+from npu_sim.errors import ConfigError, TraceError
 from npu_sim.trace import analysis, export, load, save
 from npu_sim.trace.exporters import EXPORTERS
 from npu_sim.trace.retime import MODES, replay
 
 
 def _device(value: str) -> DeviceConfig:
-    if value in PRESETS:
-        return DeviceConfig.preset(value)
-    if Path(value).suffix.lower() in (".json", ".toml"):
-        return DeviceConfig.from_file(value)
-    raise TraceError("--device", f"{value!r}; expected a preset ({', '.join(sorted(PRESETS))}) "
-                                 "or a .json/.toml config file")
+    try:
+        return DeviceConfig.named(value)
+    except ConfigError as exc:
+        raise TraceError("--device", f"{exc.field}={exc.value!r} is invalid; expected "
+                                     f"{exc.valid}") from None
 
 
 def _print_json(value: Any, out: TextIO) -> None:

@@ -163,6 +163,17 @@ class DeviceConfig:
             raise ConfigError("preset", name, f"one of {sorted(PRESETS)}") from None
 
     @classmethod
+    def named(cls, device: str) -> DeviceConfig:
+        """What a ``device`` option names: a preset, or the path of a ``.json`` / ``.toml``
+        config file (:meth:`from_file`)."""
+        if device in PRESETS:
+            return cls.preset(device)
+        if Path(device).suffix.lower() in (".json", ".toml"):
+            return cls.from_file(device)
+        raise ConfigError("device", device, f"a preset ({', '.join(sorted(PRESETS))}) or the "
+                                            "path of a .json or .toml device config")
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DeviceConfig:
         """Build from a mapping of field names; unknown keys are an error, not ignored.
 

@@ -131,3 +131,16 @@ def test_equal_configs_hash_equal_also_after_pickling():
     again = pickle.loads(pickle.dumps(a))
     assert again == a and hash(again) == hash(a) and again.to_dict() == a.to_dict()
     assert hash(a.replace(cores=2)) != hash(a)
+
+
+def test_a_device_option_names_a_preset_or_a_config_file(tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"preset": "npu-s", "cores": 2}))
+    assert DeviceConfig.named("npu-l") == DeviceConfig.preset("npu-l")
+    assert DeviceConfig.named(str(path)) == DeviceConfig.from_file(path)
+    for bad, field in (("npu-xl", "device"), ("mine.yaml", "device"),
+                       (str(tmp_path / "absent.toml"), "path")):
+        with pytest.raises(ConfigError) as err:
+            DeviceConfig.named(bad)
+        assert err.value.field == field and err.value.value == bad
+        assert field == "path" or "npu-m" in err.value.valid  # the presets are named

@@ -46,7 +46,7 @@ from typing import Any
 import onnx
 
 from firmware_model import Program
-from npu_sim.config import PRESETS, DeviceConfig
+from npu_sim.config import DeviceConfig
 from npu_sim.device import Device
 from npu_sim.errors import ConfigError, NpuSimError
 from npu_sim.hbm import ALLOCATORS, DeviceBuffer
@@ -387,16 +387,10 @@ class NpuSimExecutionProvider(ExecutionProvider):
 
 def _device_config(value: str) -> DeviceConfig:
     try:
-        if value in PRESETS:
-            return DeviceConfig.preset(value)
-        if Path(value).suffix.lower() in (".json", ".toml"):
-            return DeviceConfig.from_file(value)
+        return DeviceConfig.named(value)
     except ConfigError as exc:
         raise errors.InvalidArgument(f"NpuSimExecutionProvider option device={value!r}: "
                                      f"{exc}") from None
-    raise errors.InvalidArgument(
-        f"NpuSimExecutionProvider option device={value!r}; expected a preset "
-        f"({', '.join(sorted(PRESETS))}) or the path of a .json or .toml device config")
 
 
 def _flag(key: str, value: str) -> bool:
