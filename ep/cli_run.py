@@ -79,8 +79,9 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     with cli_progress.phase(f"loading {label} on {args.device}"):
         session = InferenceSession(source, cli_trace.profiling(args.trace),
                                    providers=[(NPU, options)])
+    described = described_by(model, source)  # loaded once, for the inputs and for --check
     feeds = load_inputs(model, args.inputs) if args.inputs else generate_inputs(
-        described_by(model, source), args.seed)
+        described, args.seed)
     try:
         with cli_progress.phase(f"running {label}"):
             outputs = session.run(None, feeds)
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     ok = True
     if not args.timing_only and (args.check or args.model is None):
         with cli_progress.phase("checking against onnxruntime CPU"):
-            report["check"] = check(model, source, feeds, outputs)
+            report["check"] = check(model, source, feeds, outputs, described)
         ok = all(c["ok"] for c in report["check"].values())
     if args.json:
         print(json.dumps(report, default=_jsonable), file=out)
@@ -210,13 +211,16 @@ def declines_by_operator(model: onnx.ModelProto,
 
 
 def check(model: onnx.ModelProto, source: str | bytes, feeds: dict[str, np.ndarray],
-          outputs: list[np.ndarray]) -> dict[str, dict[str, Any]]:
-    """Each output against onnxruntime CPU: ``{name: {ok, tolerance, problem}}``."""
+          outputs: list[np.ndarray], described: onnx.ModelProto | None = None
+          ) -> dict[str, dict[str, Any]]:
+    """Each output against onnxruntime CPU: ``{name: {ok, tolerance, problem}}``.
+    ``described``: :func:`described_by`'s model, when the caller has it (not loaded again)."""
     from ep.testing.compare import compare, quantized_outputs, reference_outputs
 
     original = source_of(model, source)
     if original is not None:  # onnxruntime cannot run EPContext nodes: check the source model
-        model, source = cli_errors.load_model(original), original
+        source = original
+        model = described if described is not None else cli_errors.load_model(original)
     want, _, label, error = reference_outputs(model, feeds, source)
     if original is not None:
         label = f"{label} of {original}"

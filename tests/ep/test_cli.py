@@ -191,13 +191,20 @@ def test_text_decline_reasons_are_whole(capsys):
     assert line == f"  declined TopK x1 (topk): {reason}"
 
 
-def test_check_of_an_epcontext_model_runs_onnxruntime_on_its_source(tmp_path, capsys):
+def test_check_of_an_epcontext_model_runs_onnxruntime_on_its_source(tmp_path, capsys,
+                                                                    monkeypatch):
+    from ep import cli_errors
     from ep.models import tiny_cnn
 
     onnx.save(tiny_cnn(), tmp_path / "m.onnx")
     assert main(["compile", str(tmp_path / "m.onnx")]) == 0
     capsys.readouterr()
+    loaded = []
+    load_model = cli_errors.load_model
+    monkeypatch.setattr(cli_errors, "load_model", lambda p: loaded.append(p) or load_model(p))
     assert main(["run", str(tmp_path / "m_ctx.onnx"), "--check", "--json"]) == 0
+    # the EPContext model, then its source once (its inputs and the check share it)
+    assert loaded == [str(tmp_path / "m_ctx.onnx"), str(tmp_path / "m.onnx")]
     report = json.loads(capsys.readouterr().out)
     assert all(c["ok"] for c in report["check"].values())
     assert {c["reference"] for c in report["check"].values()} == {
