@@ -35,6 +35,7 @@ import numpy as np
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).parent))
+import figures  # noqa: E402
 import speed_models  # noqa: E402
 from figures import Figure, bench_main  # noqa: E402
 
@@ -53,10 +54,11 @@ class Table:
 
     def add(self, figure: str, value: float, target: float, *, unit: str = "x",
             at_least: bool = False) -> None:
-        sign = ">=" if at_least else "<="
-        text = f"{value:.2g}" if value and abs(value) < 0.01 else f"{value:.2f}"
-        self.figures.append(Figure("speed", figure, float(value), unit.strip(), target, sign))
-        print(f"  {figure}: {text}{unit} (target {sign} {target:g}{unit})", flush=True)
+        made = (figures.at_least if at_least else figures.at_most)("speed", figure, value,
+                                                                   target, unit)
+        self.figures.append(made)
+        print(f"  {figure}: {figures.number(value, unit)} (target {made.direction} "
+              f"{figures.number(target, unit)})", flush=True)
 
 
 def seconds(fn: Callable[[], object]) -> float:
@@ -123,7 +125,7 @@ def bench_runs(name: str, path: Path, feeds: dict[str, np.ndarray], table: Table
         if name == "chain":
             table.add("chain timing-only run / onnxruntime", t_time / t_cpu, 20.0)
         else:
-            table.add("light_resnet50 timing-only run", t_time * 1e3, 10.0, unit=" ms")
+            table.add("light_resnet50 timing-only run", t_time * 1e3, 10.0, unit="ms")
     if name == "light_resnet50":
         memory(npu, feeds, table)
 
@@ -153,7 +155,7 @@ def memory(npu: ep.InferenceSession, feeds: dict[str, np.ndarray], table: Table)
     for _ in range(100):
         npu.run(None, feeds)
     grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-    table.add("light_resnet50 peak RSS growth over 100 runs", grown, 1.0, unit=" MiB")
+    table.add("light_resnet50 peak RSS growth over 100 runs", grown, 1.0, unit="MiB")
 
 
 def parser() -> argparse.ArgumentParser:
