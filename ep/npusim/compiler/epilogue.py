@@ -106,15 +106,12 @@ def _input_scale(index: _Readers, host: Node) -> int:
     for t, s in (mul.inputs, mul.inputs[::-1]):
         (t_type, t_shape), (s_type, s_shape) = graph.types[t], graph.types[s]
         if t_type == s_type == "float32" and t_shape == shape and _per_channel(s_shape, shape):
-            at = OWN_INPUTS[host.op]
             index.drop(mul)
             index.drop(host)
-            host.inputs = [t, *host.inputs[1:], *[""] * (at - len(host.inputs))]
-            at += len(_operands(host))
-            host.inputs.append(s)
+            host.inputs = [t, *host.inputs[1:]]
             for name in host.inputs:
                 index.read(host, name)
-            host.attrs["input_scale"] = at
+            host.attrs["input_scale"] = _append_operand(index, host, s)
             graph.nodes.remove(mul)
             return 1
     return 0
@@ -150,13 +147,8 @@ def _absorb(index: _Readers, host: Node) -> bool:
         dtype, shape = graph.types[other]
         if dtype != "float32" or not broadcasts_to(shape, graph.types[out][1]):
             return False
-        at = OWN_INPUTS[host.op]
-        host.inputs = [*host.inputs, *[""] * (at - len(host.inputs))]
-        at += len(_operands(host))
-        host.inputs.append(other)
-        index.read(host, other)
         op = "Add" if node.op == "Sum" else node.op  # a two-input Sum is an Add
-        return _fold(index, host, [node], Step(op, operand=at))
+        return _fold(index, host, [node], Step(op, operand=_append_operand(index, host, other)))
     return False
 
 
@@ -178,8 +170,13 @@ def _gate(index: _Readers, host: Node, readers: list[Node]) -> bool:
     return _fold(index, host, [act, mul], Step(act.op, gate=True, params=params))
 
 
-def _operands(host: Node) -> tuple[int, ...]:
-    return operands(host.op, host.attrs)
+def _append_operand(index: _Readers, host: Node, name: str) -> int:
+    """Give ``host`` the input ``name`` after its own inputs (omitted optional ones padded
+    with ``""``) and the operands its epilogue and prologue already read; returns its index."""
+    own = OWN_INPUTS[host.op]
+    host.inputs = [*host.inputs, *[""] * (own - len(host.inputs)), name]
+    index.read(host, name)
+    return own + len(operands(host.op, host.attrs))
 
 
 def _fold(index: _Readers, host: Node, nodes: list[Node], step: Step) -> bool:
