@@ -18,6 +18,7 @@ from ep.errors import InvalidArgument, InvalidGraph
 from ep.npusim import binary_layout as L
 from ep.npusim import binary_reader
 from ep.npusim.binary import ContextBinary, pack_context
+from ep.npusim.crc32_combine import crc32_combine
 from firmware_model import Firmware
 from firmware_model.program import Program, Region, TensorDesc
 from npu_sim.device import Device
@@ -62,13 +63,44 @@ def reseal(data: bytearray) -> bytes:
 LARGE = program([(3 * BLOCK + 100, 0), (700, 3 * BLOCK + 512)])
 
 
-@pytest.fixture(params=["inline", "threads"])
+@pytest.fixture(params=["inline", "threads", "runs", "inline runs"])
 def verifier(request, monkeypatch):
-    """Both ways blocks are verified: on the loading thread (small sections) or by the
-    checksum threads while the records are decoded (sections over ``_INLINE_BYTES``)."""
-    if request.param == "threads":
+    """Every way blocks are verified: on the loading thread (small sections) or by the
+    checksum thread while the records are decoded (sections over ``_INLINE_BYTES``); one CRC-32
+    call over the whole section, or over runs of two blocks (``_SEGMENT``), whose last run is
+    one short block."""
+    if "threads" in request.param or request.param == "runs":
         monkeypatch.setattr(binary_reader, "_INLINE_BYTES", 0)
+    if "runs" in request.param:
+        monkeypatch.setattr(binary_reader, "_SEGMENT", 2 * BLOCK)
     return request.param
+
+
+@pytest.mark.parametrize(("first", "second"), [(0, 7), (7, 0), (1, 1), (4096, 4096 * 3 + 7),
+                                               (100, 1 << 20), (1 << 22, 12345)])
+def test_crc32_combine_is_zlibs(first, second):
+    rng = np.random.default_rng(first + second)
+    a, b = rng.bytes(first), rng.bytes(second)
+    assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+
+
+def test_a_deferred_check_reports_a_bad_block_when_waited_for(monkeypatch):
+    """``defer_weights``: the programs come back while the checksum thread still runs; the bad
+    block is the error of verify_weights, and closing never reports it."""
+    monkeypatch.setattr(binary_reader, "_INLINE_BYTES", 0)
+    data = packed(LARGE)
+    index, weights = sections(data)["weights"]
+    bad = bytearray(data)
+    bad[weights.offset + 2 * BLOCK + 9] ^= 0x01
+    binary = ContextBinary.from_bytes(bytes(bad), defer_weights=True)
+    assert binary.graph_names() == ["g"]
+    with pytest.raises(InvalidGraph, match=rf"section #{index} \(weights\), block 2 "):
+        binary.verify_weights()
+    binary.verify_weights()  # once reported, nothing is pending
+    ContextBinary.from_bytes(bytes(bad), defer_weights=True).close()
+    good = ContextBinary.from_bytes(data, defer_weights=True)
+    good.verify_weights()
+    assert good.program("g").weights[0] == LARGE.weights[0]
 
 
 def test_block_table_covers_the_weights_section():
