@@ -4,7 +4,7 @@
 already in memory (:meth:`ContextBinary.from_bytes`, for EPContext embed mode). Opening checks
 the whole file before anything is used: magic, format and SDK versions, hardware architecture,
 header and section-table crc32s, the size, every section's bounds, alignment and CRC-32 (the
-weights' per block, from the WEIGHT_CHECKSUMS table, on a small thread pool while the records are
+weights' per block, from the WEIGHT_CHECKSUMS table, on a checksum thread while the records are
 decoded; with ``defer_weights`` until :meth:`ContextBinary.verify_weights`), the padding
 between parts, and every record of every program. Each count and
 length is checked against the bytes that remain *before* anything is allocated from it, so a
@@ -196,12 +196,6 @@ _WORKERS = 1
 core the loading thread needed (BERT's load spent 3-7 ms waiting to be scheduled)."""
 
 
-_INLINE_BYTES = 32 << 20
-"""A weights section up to this size is checksummed on the loading thread before the records
-are decoded (ISA-L: about 1 ms for 20 MiB). Handing it to the threads saved nothing on the
-median load of MobileNet-V3 (10 MiB) or EfficientNet (21 MiB), and starting them made the
-first load of a process ~0.5 ms slower; larger binaries (BERT, GPT-2) keep the threads."""
-
 _SEGMENT = 256 << 20
 """Weight blocks are checksummed in runs of up to this many bytes, one CRC-32 call per run,
 compared with the run's stored block CRC-32s combined (:mod:`ep.npusim.crc32_combine`): a call
@@ -293,15 +287,15 @@ def _combined(run: list[_Block]) -> int:
 
 class _Checks:
     """The weights section's CRC-32s, one call per run of blocks (see ``_SEGMENT``), on the
-    checksum thread or inline; whoever waits computes the runs no thread has started yet itself
-    instead of idling."""
+    checksum thread; whoever waits computes the runs the thread has not started yet itself
+    instead of idling. Every size goes to the thread: checked inline before decoding, MobileNet-
+    V3's 10 MiB made its load 5.0 -> 5.4 ms and EfficientNet's 21 MiB 7.0 -> 8.3 ms (medians)."""
 
-    def __init__(self, view: memoryview, blocks: list[_Block], *, threaded: bool) -> None:
+    def __init__(self, view: memoryview, blocks: list[_Block]) -> None:
         self._runs = _runs(blocks)
         self._views = [view[run[0].start : run[-1].end] for run in self._runs]
-        self._futures = [_pool().submit(_crc32_then_drop, v) for v in self._views] \
-            if threaded else []
-        if threaded:
+        self._futures = [_pool().submit(_crc32_then_drop, v) for v in self._views]
+        if self._futures:
             time.sleep(0)  # hand the GIL over: the thread starts now, not 5 ms into decoding
 
     def wait(self) -> None:
@@ -310,8 +304,7 @@ class _Checks:
         futures, self._futures = self._futures, []
         views, self._views = self._views, []
         crcs = [_crc32_then_drop(v) if f.cancel() else f.result()
-                for f, v in zip(futures, views, strict=True)] if futures else \
-            [_crc32_then_drop(v) for v in views]
+                for f, v in zip(futures, views, strict=True)]
         bad = [k for k, run in enumerate(self._runs) if crcs[k] != _combined(run)]
         if bad:  # the error path: find the first bad block of the first bad run
             run, whole = self._runs[bad[0]], views[bad[0]]
@@ -373,20 +366,16 @@ class ContextBinary:
         # The weights' blocks are verified while the records are decoded (and, with
         # ``defer_weights``, while the caller goes on until verify_weights); a bad block is
         # reported first (checksums come before records).
-        if weights.length <= _INLINE_BYTES:
-            _Checks(view, blocks, threaded=False).wait()
+        checks = _Checks(view, blocks)
+        try:
             programs = decoder.graphs()
+        except BaseException:
+            checks.wait()
+            raise
+        if defer_weights:
+            self._checks = checks
         else:
-            checks = _Checks(view, blocks, threaded=True)
-            try:
-                programs = decoder.graphs()
-            except BaseException:
-                checks.wait()
-                raise
-            if defer_weights:
-                self._checks = checks
-            else:
-                checks.wait()
+            checks.wait()
         self._programs = programs
         self._sources = decoder.sources
         self._digests = decoder.digests(list(programs))
@@ -417,8 +406,8 @@ class ContextBinary:
         """Map the file at ``path`` read-only and validate it.
 
         ``expected_architecture`` / ``expected_config_digest``, when given, must equal what the
-        binary was compiled for. ``defer_weights``: a large weights section's blocks (over
-        ``_INLINE_BYTES``) may still be checksummed on the threads when this returns; the
+        binary was compiled for. ``defer_weights``: the weights' blocks may still be being
+        checksummed on the thread when this returns; the
         caller must call :meth:`verify_weights` before the load it is part of succeeds, and
         may meanwhile only place the weights, not compute with them.
         """

@@ -22,8 +22,8 @@ Loading: :func:`context_capability` claims the EPContext nodes whose ``source`` 
 absent, as TensorRT accepts old models); :func:`load_programs` opens every main node's binary
 (once per file), checks SDK version, architecture and config digest, and finds each node's
 program by graph name. Every failure is ``InvalidGraph`` starting with
-``Failed to load from EpContext model.``. A large binary's weights are still being checksummed
-on threads when :func:`load_programs` returns (:class:`WeightChecks`): the provider places
+``Failed to load from EpContext model.``. A binary's weights are still being checksummed
+on a thread when :func:`load_programs` returns (:class:`WeightChecks`): the provider places
 them meanwhile and waits before the load succeeds.
 """
 

@@ -234,7 +234,7 @@ class NpuSimExecutionProvider(ExecutionProvider):
                 contexts, self.context, self.config, acquire)
             self._context_binaries.extend(binaries)
             loaded = {f.name: p for f, p in zip(contexts, programs, strict=True)}
-        # A large binary's weights are checksummed on threads while the programs are placed;
+        # A binary's weights are checksummed on a thread while the programs are placed;
         # the load succeeds, or fails for anything else, only once they are verified.
         try:
             compiled = self._compile(fused_nodes, loaded)

@@ -63,15 +63,11 @@ def reseal(data: bytearray) -> bytes:
 LARGE = program([(3 * BLOCK + 100, 0), (700, 3 * BLOCK + 512)])
 
 
-@pytest.fixture(params=["inline", "threads", "runs", "inline runs"])
+@pytest.fixture(params=["whole", "runs"])
 def verifier(request, monkeypatch):
-    """Every way blocks are verified: on the loading thread (small sections) or by the
-    checksum thread while the records are decoded (sections over ``_INLINE_BYTES``); one CRC-32
-    call over the whole section, or over runs of two blocks (``_SEGMENT``), whose last run is
-    one short block."""
-    if "threads" in request.param or request.param == "runs":
-        monkeypatch.setattr(binary_reader, "_INLINE_BYTES", 0)
-    if "runs" in request.param:
+    """Both ways blocks are checked: one CRC-32 call over the whole section, or one per run of
+    two blocks (``_SEGMENT``), whose last run is one short block."""
+    if request.param == "runs":
         monkeypatch.setattr(binary_reader, "_SEGMENT", 2 * BLOCK)
     return request.param
 
@@ -84,10 +80,9 @@ def test_crc32_combine_is_zlibs(first, second):
     assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
 
 
-def test_a_deferred_check_reports_a_bad_block_when_waited_for(monkeypatch):
+def test_a_deferred_check_reports_a_bad_block_when_waited_for():
     """``defer_weights``: the programs come back while the checksum thread still runs; the bad
     block is the error of verify_weights, and closing never reports it."""
-    monkeypatch.setattr(binary_reader, "_INLINE_BYTES", 0)
     data = packed(LARGE)
     index, weights = sections(data)["weights"]
     bad = bytearray(data)

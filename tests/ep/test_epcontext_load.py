@@ -160,15 +160,12 @@ def test_corrupted_binary_fails_checksum(npu_ctx: dict, tmp_path: Path) -> None:
     assert info.value.message.startswith(E.LOAD_ERROR) and "checksum" in info.value.message
 
 
-def test_a_bad_weight_block_of_a_large_binary_fails_the_load(tmp_path: Path,
-                                                              monkeypatch) -> None:
-    """A large binary's weights are checksummed on a thread while the programs are placed: a
-    bad block still fails the load with the load error naming the node, also when the load
-    fails for another reason too (the block is reported first, as when checked at open)."""
-    from ep.npusim import binary_reader
+def test_a_bad_weight_block_fails_the_load_it_was_checked_during(tmp_path: Path) -> None:
+    """A binary's weights are checksummed on a thread while the programs are placed: a bad
+    block still fails the load with the load error naming the node, also when the load fails
+    for another reason too (the block is reported first, as when checked at open)."""
     from ep.npusim.binary import ContextBinary
 
-    monkeypatch.setattr(binary_reader, "_INLINE_BYTES", 0)  # every binary is "large"
     w = np.random.default_rng(0).standard_normal((3, 3)).astype(np.float32)
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
