@@ -104,17 +104,17 @@ def stream_weights(fw: Firmware, program: Program, buffer: DeviceBuffer,
         return min((first_use.get(i, late) for o in inside(run) for i in readers[o]),
                    default=late)
 
+    runs.sort(key=rank)
+    arrivals = device.memcpy_h2d_chain(buffer, [(host, start) for start, host in runs],
+                                       after=after, share=True)
     events: dict[int, simpy.Event] = {}
-    last = after
-    for start, host in sorted(runs, key=rank):
-        last = device.memcpy_h2d_async(buffer, host, start, deps=[] if last is None else [last],
-                                       share=True)
+    for run, arrived in zip(runs, arrivals, strict=True):
         landed = []
-        for o in inside((start, host)):
-            events.update((i, last) for i in readers[o])
+        for o in inside(run):
+            events.update((i, arrived) for i in readers[o])
             landed.extend(program.weights[i] for i in readers[o])
-        last.callbacks.append(lambda _event, views=landed: [drop_resident(v) for v in views])
-    return events, last
+        arrived.callbacks.append(lambda _event, views=landed: [drop_resident(v) for v in views])
+    return events, arrivals[-1] if arrivals else after
 
 
 def drop_resident(data: bytes | bytearray | memoryview) -> None:
@@ -190,7 +190,7 @@ def _upload_runs(spans: dict[int, tuple[int, np.ndarray]], order: list[int],
             start = offset - offset % DMA_ALIGNMENT
             out.append((start, _staging(spans, order, k, start)))
             continue
-        address = host_address(host)
+        address = host_address(host) if owners else 0  # no owners: every weight alone
         owner = owners.get(address)
         if run and owner is not None and owner[0] == run[2] \
                 and address - run[4] == offset - run[1] and 0 <= offset - run[1] < _MAX_GAP:
