@@ -196,14 +196,22 @@ _WORKERS = 1
 core the loading thread needed (BERT's load spent 3-7 ms waiting to be scheduled)."""
 
 
-_SEGMENT = 256 << 20
-"""Weight blocks are checksummed in runs of up to this many bytes, one CRC-32 call per run,
-compared with the run's stored block CRC-32s combined (:mod:`ep.npusim.crc32_combine`): a call
-releases the GIL once, where a call per 4 MiB block made the thread wait for the GIL (up to the
-5 ms switch interval while the loading thread runs Python) between blocks. CRC-32 detects
-every error of up to 3 bits in a message under 2^32 bits (512 MiB), so a run's check keeps the
-guarantees of its blocks' checks; a mismatch is then located block by block, and reported as
-before."""
+_SEGMENT = 448 << 20
+"""The most bytes of weight blocks one CRC-32 call checks. A run of blocks is checked by one
+call and compared with the blocks' stored CRC-32s combined (:mod:`ep.npusim.crc32_combine`):
+CRC-32 detects every error of up to 3 bits in a message under 2^32 bits (512 MiB), so a run's
+check keeps the guarantees of its blocks' checks; a mismatch is then located block by block,
+and reported as before."""
+
+_HEAD = 3 / 4
+"""The share of the weights the thread checks in its first call. A call releases the GIL once;
+between calls the thread needs it back, and waits up to the 5 ms switch interval while the
+loading thread runs Python (a call per 4 MiB block kept BERT's thread waiting more than
+working). So the thread checks most of the weights in one call while the load goes on, and
+the rest in ``_TAIL`` runs that the loading thread, once it waits, shares with it (from the
+back; neither holds the GIL long then)."""
+
+_TAIL = 8
 
 
 @functools.cache
@@ -267,12 +275,19 @@ def _verify(blocks: list[_Block], crcs: list[int]) -> None:
 
 
 def _runs(blocks: list[_Block]) -> list[list[_Block]]:
-    """Consecutive blocks grouped into runs of at most ``_SEGMENT`` bytes (one block at least)."""
+    """Consecutive blocks grouped into runs, one block at least each: a first run of about
+    ``_HEAD`` of the bytes, then runs of a ``_TAIL``-th of the rest; none over ``_SEGMENT``."""
+    if not blocks:
+        return []
+    total = blocks[-1].end - blocks[0].start
+    limit = min(int(total * _HEAD), _SEGMENT)
+    tail = min(max(-(-(total - limit) // _TAIL), 1), _SEGMENT)
     runs: list[list[_Block]] = []
     for block in blocks:
-        if runs and block.end - runs[-1][0].start <= _SEGMENT:
+        if runs and block.end - runs[-1][0].start <= limit:
             runs[-1].append(block)
         else:
+            limit = limit if not runs else tail
             runs.append([block])
     return runs
 
@@ -286,7 +301,7 @@ def _combined(run: list[_Block]) -> int:
 
 
 class _Checks:
-    """The weights section's CRC-32s, one call per run of blocks (see ``_SEGMENT``), on the
+    """The weights section's CRC-32s, one call per run of blocks (see ``_HEAD``), on the
     checksum thread; whoever waits computes the runs the thread has not started yet itself
     instead of idling. Every size goes to the thread: checked inline before decoding, MobileNet-
     V3's 10 MiB made its load 5.0 -> 5.4 ms and EfficientNet's 21 MiB 7.0 -> 8.3 ms (medians)."""
@@ -303,8 +318,11 @@ class _Checks:
         released first)."""
         futures, self._futures = self._futures, []
         views, self._views = self._views, []
-        crcs = [_crc32_then_drop(v) if f.cancel() else f.result()
-                for f, v in zip(futures, views, strict=True)]
+        crcs: list[int | None] = [None] * len(futures)
+        for k in reversed(range(len(futures))):  # from the back, while the thread goes on
+            if futures[k].cancel():
+                crcs[k] = _crc32_then_drop(views[k])
+        crcs = [f.result() if crc is None else crc for f, crc in zip(futures, crcs, strict=True)]
         bad = [k for k, run in enumerate(self._runs) if crcs[k] != _combined(run)]
         if bad:  # the error path: find the first bad block of the first bad run
             run, whole = self._runs[bad[0]], views[bad[0]]

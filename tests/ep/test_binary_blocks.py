@@ -63,13 +63,32 @@ def reseal(data: bytearray) -> bytes:
 LARGE = program([(3 * BLOCK + 100, 0), (700, 3 * BLOCK + 512)])
 
 
-@pytest.fixture(params=["whole", "runs"])
+@pytest.fixture(params=["head and tail", "whole", "runs of two"])
 def verifier(request, monkeypatch):
-    """Both ways blocks are checked: one CRC-32 call over the whole section, or one per run of
-    two blocks (``_SEGMENT``), whose last run is one short block."""
-    if request.param == "runs":
+    """Ways blocks are grouped into CRC-32 calls: a first run of most of them and short runs
+    after (``_HEAD``), one call over the whole section, or runs of at most two blocks
+    (``_SEGMENT``), whose last run is one short block."""
+    if request.param == "whole":
+        monkeypatch.setattr(binary_reader, "_HEAD", 1.0)
+    if request.param == "runs of two":
         monkeypatch.setattr(binary_reader, "_SEGMENT", 2 * BLOCK)
     return request.param
+
+
+@pytest.mark.parametrize("size", [0, 1, BLOCK, 10 * BLOCK + 5, 413 << 20, 1100 << 20])
+def test_runs_cover_every_block_once_in_order(size):
+    """A first run of about three quarters of the bytes, then short runs; none over
+    ``_SEGMENT`` (one CRC-32 call keeps the per-block guarantees only under 512 MiB)."""
+    block = 4 << 20 if size > BLOCK * 100 else BLOCK
+    blocks = [binary_reader._Block(4, i, i * block, min((i + 1) * block, size), i * block, 0)
+              for i in range(-(-size // block))]
+    runs = binary_reader._runs(blocks)
+    assert [b for run in runs for b in run] == blocks
+    sizes = [run[-1].end - run[0].start for run in runs]
+    assert all(0 < n <= binary_reader._SEGMENT for n in sizes)
+    if len(blocks) > 8:
+        assert min(size * 3 // 4, binary_reader._SEGMENT) - block < sizes[0] <= size * 3 // 4
+        assert max(sizes[1:]) < sizes[0]
 
 
 @pytest.mark.parametrize(("first", "second"), [(0, 7), (7, 0), (1, 1), (4096, 4096 * 3 + 7),
