@@ -213,6 +213,10 @@ back; neither holds the GIL long then)."""
 
 _TAIL = 8
 
+_WHOLE = 64 << 20
+"""Weights up to this size are checked in one call: about 3 ms, less than the rest of a load
+takes, so a tail would only wait for the loading thread (EfficientNet's 21 MiB)."""
+
 
 @functools.cache
 def _pool() -> ThreadPoolExecutor:
@@ -276,11 +280,12 @@ def _verify(blocks: list[_Block], crcs: list[int]) -> None:
 
 def _runs(blocks: list[_Block]) -> list[list[_Block]]:
     """Consecutive blocks grouped into runs, one block at least each: a first run of about
-    ``_HEAD`` of the bytes, then runs of a ``_TAIL``-th of the rest; none over ``_SEGMENT``."""
+    ``_HEAD`` of the bytes (all up to ``_WHOLE``), then runs of a ``_TAIL``-th of the rest; none
+    over ``_SEGMENT``."""
     if not blocks:
         return []
     total = blocks[-1].end - blocks[0].start
-    limit = min(int(total * _HEAD), _SEGMENT)
+    limit = min(max(int(total * _HEAD), _WHOLE), _SEGMENT)
     tail = min(max(-(-(total - limit) // _TAIL), 1), _SEGMENT)
     runs: list[list[_Block]] = []
     for block in blocks:

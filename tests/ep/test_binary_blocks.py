@@ -68,8 +68,8 @@ def verifier(request, monkeypatch):
     """Ways blocks are grouped into CRC-32 calls: a first run of most of them and short runs
     after (``_HEAD``), one call over the whole section, or runs of at most two blocks
     (``_SEGMENT``), whose last run is one short block."""
-    if request.param == "whole":
-        monkeypatch.setattr(binary_reader, "_HEAD", 1.0)
+    if request.param == "head and tail":
+        monkeypatch.setattr(binary_reader, "_WHOLE", 0)
     if request.param == "runs of two":
         monkeypatch.setattr(binary_reader, "_SEGMENT", 2 * BLOCK)
     return request.param
@@ -77,8 +77,9 @@ def verifier(request, monkeypatch):
 
 @pytest.mark.parametrize("size", [0, 1, BLOCK, 10 * BLOCK + 5, 413 << 20, 1100 << 20])
 def test_runs_cover_every_block_once_in_order(size):
-    """A first run of about three quarters of the bytes, then short runs; none over
-    ``_SEGMENT`` (one CRC-32 call keeps the per-block guarantees only under 512 MiB)."""
+    """Up to ``_WHOLE`` one run, else a first run of about three quarters of the bytes, then
+    short runs; none over ``_SEGMENT`` (one CRC-32 call keeps the per-block guarantees only
+    under 512 MiB)."""
     block = 4 << 20 if size > BLOCK * 100 else BLOCK
     blocks = [binary_reader._Block(4, i, i * block, min((i + 1) * block, size), i * block, 0)
               for i in range(-(-size // block))]
@@ -86,7 +87,9 @@ def test_runs_cover_every_block_once_in_order(size):
     assert [b for run in runs for b in run] == blocks
     sizes = [run[-1].end - run[0].start for run in runs]
     assert all(0 < n <= binary_reader._SEGMENT for n in sizes)
-    if len(blocks) > 8:
+    if size <= binary_reader._WHOLE:
+        assert len(runs) == min(len(blocks), 1)
+    else:
         assert min(size * 3 // 4, binary_reader._SEGMENT) - block < sizes[0] <= size * 3 // 4
         assert max(sizes[1:]) < sizes[0]
 
