@@ -168,6 +168,11 @@ def _upload_runs(spans: dict[int, tuple[int, np.ndarray]], order: list[int],
     """The uploads as ``(HBM offset, host bytes)``: maximal runs of DMA-aligned weights that are
     contiguous (same gaps, each under ``_MAX_GAP``) in one host buffer and in HBM, and each
     unaligned weight alone with its staging window."""
+    if not owners:  # every weight alone (streaming): no runs to find
+        return [(offset, spans[offset][1]) if not offset % DMA_ALIGNMENT else
+                (offset - offset % DMA_ALIGNMENT,
+                 _staging(spans, order, k, offset - offset % DMA_ALIGNMENT))
+                for k, offset in enumerate(order)]
     out: list[tuple[int, np.ndarray]] = []
     run: list[int] = []  # [HBM start, HBM end, owner id, host address of start, host end]
 
@@ -189,7 +194,7 @@ def _upload_runs(spans: dict[int, tuple[int, np.ndarray]], order: list[int],
             start = offset - offset % DMA_ALIGNMENT
             out.append((start, _staging(spans, order, k, start)))
             continue
-        address = host_address(host) if owners else 0  # no owners: every weight alone
+        address = host_address(host)
         owner = owners.get(address)
         if run and owner is not None and owner[0] == run[2] \
                 and address - run[4] == offset - run[1] and 0 <= offset - run[1] < _MAX_GAP:

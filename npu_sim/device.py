@@ -115,7 +115,8 @@ class Device:
         host_map, dma, base = self.host_map, self.dma, dst.address
         for host_array, offset in copies:
             array = self._host_array(host_array, writable=False)
-            self._check_range(dst, offset, array.nbytes, "dst")
+            if type(offset) is not int or not 0 <= offset <= dst.nbytes - array.nbytes:
+                self._check_range(dst, offset, array.nbytes, "dst")  # the full check
             if array.nbytes == 0 or (base + offset) % DMA_ALIGNMENT:  # the general path's case
                 done = self._copy_host(array, base + offset, to_device=True, deps=deps,
                                        share=share)
