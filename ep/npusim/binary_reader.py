@@ -212,6 +212,7 @@ the rest in ``_TAIL`` runs that the loading thread, once it waits, shares with i
 back; neither holds the GIL long then)."""
 
 _TAIL = 8
+"""The runs the weights after the first call are split into (see ``_HEAD``)."""
 
 _WHOLE = 64 << 20
 """Weights up to this size are checked in one call: about 3 ms, less than the rest of a load
@@ -327,8 +328,9 @@ class _Checks:
         for k in reversed(range(len(futures))):  # from the back, while the thread goes on
             if futures[k].cancel():
                 crcs[k] = _crc32_then_drop(views[k])
+        expected = [_combined(run) for run in self._runs]  # while the thread finishes its run
         crcs = [f.result() if crc is None else crc for f, crc in zip(futures, crcs, strict=True)]
-        bad = [k for k, run in enumerate(self._runs) if crcs[k] != _combined(run)]
+        bad = [k for k in range(len(crcs)) if crcs[k] != expected[k]]
         if bad:  # the error path: find the first bad block of the first bad run
             run, whole = self._runs[bad[0]], views[bad[0]]
             base = run[0].start
@@ -430,9 +432,9 @@ class ContextBinary:
 
         ``expected_architecture`` / ``expected_config_digest``, when given, must equal what the
         binary was compiled for. ``defer_weights``: the weights' blocks may still be being
-        checksummed on the thread when this returns; the
-        caller must call :meth:`verify_weights` before the load it is part of succeeds, and
-        may meanwhile only place the weights, not compute with them.
+        checksummed on the thread when this returns; the caller must call
+        :meth:`verify_weights` before the load it is part of succeeds, and may meanwhile only
+        place the weights, not compute with them.
         """
         try:
             with open(path, "rb") as f:
