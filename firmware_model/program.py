@@ -19,6 +19,7 @@ or str) so a program can be serialized without pickling and loaded without evalu
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -101,9 +102,10 @@ class Program:
     arena_bytes: int
     hardware_architecture: str = ""
 
-    @property
+    @functools.cached_property  # a frozen program's tensors never change
     def weights_bytes(self) -> int:
-        """Size of the WEIGHTS region: the end of its last tensor."""
+        """Size of the WEIGHTS region: the end of its last tensor (computed once: the loader and
+        the weight store each ask, a walk over every tensor each time)."""
         ends = [t.offset + t.nbytes for t in self.tensors if t.region == Region.WEIGHTS]
         return max(ends, default=0)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 from bisect import bisect_left
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -78,43 +79,41 @@ def stream_weights(fw: Firmware, program: Program, buffer: DeviceBuffer,
     are not stuck behind all of them. Returns each weight tensor's arrival event and the last
     upload's. A kernel given those events as dependencies starts as soon as its weights are in
     HBM (weight streaming)."""
-    device = fw.device
     first_use: dict[int, int] = {}
     for k, launch in enumerate(program.launches):
         for t in launch.inputs:
-            first_use.setdefault(t, k)
+            if t not in first_use:
+                first_use[t] = k
     spans: dict[int, tuple[int, np.ndarray]] = {}
     readers: dict[int, list[int]] = {}  # offset -> weight tensors there
+    tensors = program.tensors
     for i, data in program.weights.items():
         host = host_bytes(data)
         if host.size:
-            offset = program.tensors[i].offset
-            spans.setdefault(offset, (offset + host.size, host))
-            readers.setdefault(offset, []).append(i)
+            offset = tensors[i].offset
+            if offset in readers:
+                readers[offset].append(i)
+            else:
+                spans[offset] = (offset + host.size, host)
+                readers[offset] = [i]
     order = sorted(spans)
-    runs = _upload_runs(spans, order, {})  # no owners: each weight its own transfer
     late = len(program.launches)
-
-    def inside(run: tuple[int, np.ndarray]) -> list[int]:
-        """The weight offsets a run covers (``order`` is sorted: a slice, not a scan)."""
-        start, host = run
-        return order[bisect_left(order, start):bisect_left(order, start + host.size)]
-
-    def rank(run: tuple[int, np.ndarray]) -> int:
-        return min((first_use.get(i, late) for o in inside(run) for i in readers[o]),
-                   default=late)
-
+    runs: list[tuple[int, int, np.ndarray, list[int]]] = []  # (rank, HBM offset, host, weights)
+    for start, host in _upload_runs(spans, order, {}):  # no owners: each weight its own transfer
+        # the weight offsets the run covers (``order`` is sorted: a slice, not a scan)
+        covered = order[bisect_left(order, start):bisect_left(order, start + host.size)]
+        weights = [i for o in covered for i in readers[o]]
+        runs.append((min((first_use.get(i, late) for i in weights), default=late), start, host,
+                     weights))
+    runs.sort(key=itemgetter(0))  # stable: runs first read together keep their HBM order
+    arrivals = fw.device.memcpy_h2d_chain(buffer, [(host, start) for _, start, host, _ in runs],
+                                          after=after, share=True)
     events: dict[int, simpy.Event] = {}
-    last = after
-    for start, host in sorted(runs, key=rank):
-        last = device.memcpy_h2d_async(buffer, host, start, deps=[] if last is None else [last],
-                                       share=True)
-        landed = []
-        for o in inside((start, host)):
-            events.update((i, last) for i in readers[o])
-            landed.extend(program.weights[i] for i in readers[o])
-        last.callbacks.append(lambda _event, views=landed: [drop_resident(v) for v in views])
-    return events, last
+    for (_, _, _, weights), arrived in zip(runs, arrivals, strict=True):
+        events.update(dict.fromkeys(weights, arrived))
+        views = [program.weights[i] for i in weights]
+        arrived.callbacks.append(lambda _event, views=views: [drop_resident(v) for v in views])
+    return events, arrivals[-1] if arrivals else after
 
 
 def drop_resident(data: bytes | bytearray | memoryview) -> None:
@@ -169,6 +168,11 @@ def _upload_runs(spans: dict[int, tuple[int, np.ndarray]], order: list[int],
     """The uploads as ``(HBM offset, host bytes)``: maximal runs of DMA-aligned weights that are
     contiguous (same gaps, each under ``_MAX_GAP``) in one host buffer and in HBM, and each
     unaligned weight alone with its staging window."""
+    if not owners:  # every weight alone (streaming): no runs to find
+        return [(offset, spans[offset][1]) if not offset % DMA_ALIGNMENT else
+                (offset - offset % DMA_ALIGNMENT,
+                 _staging(spans, order, k, offset - offset % DMA_ALIGNMENT))
+                for k, offset in enumerate(order)]
     out: list[tuple[int, np.ndarray]] = []
     run: list[int] = []  # [HBM start, HBM end, owner id, host address of start, host end]
 

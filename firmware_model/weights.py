@@ -164,17 +164,19 @@ class WeightStore:
         found: dict[Key, _Resident] = {}
         missing: list[Key] = []
         user: dict[Key, tuple[DeviceBuffer, int]] = {}
+        hosts: dict[Key, tuple[np.ndarray, int]] = {}  # host bytes and their address, once
         for key, indices in by_offset.items():
             host = host_bytes(program.weights[indices[0]])
+            hosts[key] = host, host_address(host)
             where = next((pinned[i] for i in indices if i in pinned), None) if pinned else None
             if where is not None:
-                hit = self._by_host.get((host_address(host), host.size))
+                hit = self._by_host.get((hosts[key][1], host.size))
                 if hit is not None and hit.address == where[0].address + where[1]:
                     found[key] = hit
                 else:
                     user[key] = where
                 continue
-            hit = self._find(host)
+            hit = self._find(*hosts[key])
             if hit is None:
                 missing.append(key)
             else:
@@ -183,10 +185,9 @@ class WeightStore:
         before = set(found)
         try:
             if missing:
-                self._upload(program, by_offset, missing, found, placement, stream)
+                self._upload(program, by_offset, missing, found, placement, stream, hosts)
             for key, (buffer, offset) in user.items():
-                found[key] = self._upload_pinned(host_bytes(program.weights[by_offset[key][0]]),
-                                                 buffer, offset, stream)
+                found[key] = self._upload_pinned(*hosts[key], buffer, offset, stream)
         except BaseException:
             self._undo([r for k, r in found.items() if k not in before])
             raise
@@ -203,8 +204,8 @@ class WeightStore:
                 self.shared_bytes += resident.nbytes
         return placement
 
-    def _find(self, host: np.ndarray) -> _Resident | None:
-        hit = self._by_host.get((host_address(host), host.size))
+    def _find(self, host: np.ndarray, address: int) -> _Resident | None:
+        hit = self._by_host.get((address, host.size))
         if hit is not None:
             return hit
         candidates = self._by_size.get(host.size, ())
@@ -214,7 +215,8 @@ class WeightStore:
         return next((c for c in candidates if c.sha256() == digest), None)
 
     def _upload(self, program: Program, by_offset: dict[Key, list[int]], missing: list[Key],
-                found: dict[Key, _Resident], placement: Placement, stream: bool) -> None:
+                found: dict[Key, _Resident], placement: Placement, stream: bool,
+                hosts: dict[Key, tuple[np.ndarray, int]]) -> None:
         """One block for the missing weights: the program's own layout when nothing of it is
         resident (one coalesced upload, as before), else the missing ones packed."""
         device = self.firmware.device
@@ -247,13 +249,13 @@ class WeightStore:
         if whole:
             placement.region = block.buffer
         for key in missing:
-            host = host_bytes(program.weights[by_offset[key][0]])
+            host, address = hosts[key]
             resident = _Resident(block.buffer.address + layout[key], host.size, host, block,
                                  ready=events.get(by_offset[key][0]))
             found[key] = resident
-            self._remember(resident)
+            self._remember(resident, address)
 
-    def _upload_pinned(self, host: np.ndarray, buffer: DeviceBuffer, offset: int,
+    def _upload_pinned(self, host: np.ndarray, address: int, buffer: DeviceBuffer, offset: int,
                        stream: bool) -> _Resident:
         """One weight into caller-provided memory, streamed or waited for."""
         ready = self.firmware.device.memcpy_h2d_async(
@@ -265,11 +267,12 @@ class WeightStore:
             self.settle([ready])
         resident = _Resident(buffer.address + offset, host.size, host,
                              _Block(buffer, owned=False), ready=ready if stream else None)
-        self._remember(resident)
+        self._remember(resident, address)
         return resident
 
-    def _remember(self, resident: _Resident) -> None:
-        self._by_host[(host_address(resident.host), resident.nbytes)] = resident
+    def _remember(self, resident: _Resident, address: int) -> None:
+        """Know ``resident`` by its host bytes' ``address`` and size, and by its size."""
+        self._by_host[(address, resident.nbytes)] = resident
         self._by_size.setdefault(resident.nbytes, []).append(resident)
 
     def _undo(self, created: list[_Resident]) -> None:

@@ -100,6 +100,35 @@ class Device:
         return self._copy_host(array, dst.address + dst_offset, to_device=True,
                                deps=self._events(deps), share=share)
 
+    def memcpy_h2d_chain(self, dst: DeviceBuffer, copies: Sequence[tuple[np.ndarray, int]], *,
+                         after: simpy.Event | None = None,
+                         share: bool = False) -> list[simpy.Event]:
+        """Copy each ``(host_array, dst_offset)`` of ``copies`` to ``dst``, one transfer each,
+        every one queued behind the previous one's arrival (the first behind ``after``); their
+        arrival events. The same as :meth:`memcpy_h2d_async` once per copy with the previous
+        event as ``deps`` (the same mappings, transfers, chunks, cycles and trace records, the
+        same faults), with the buffer and the dependency checked once for the chain: the
+        firmware streams a program's weights so, one transfer per weight."""
+        self._check_range(dst, 0, 0, "dst")
+        deps = self._events(() if after is None else (after,))
+        arrivals: list[simpy.Event] = []
+        host_map, dma, base = self.host_map, self.dma, dst.address
+        for host_array, offset in copies:
+            array = self._host_array(host_array, writable=False)
+            if type(offset) is not int or not 0 <= offset <= dst.nbytes - array.nbytes:
+                self._check_range(dst, offset, array.nbytes, "dst")  # the full check
+            if array.nbytes == 0 or (base + offset) % DMA_ALIGNMENT:  # the general path's case
+                done = self._copy_host(array, base + offset, to_device=True, deps=deps,
+                                       share=share)
+            else:
+                iova = host_map.map(array, share=share)
+                root, shared = host_map.mapping(iova)
+                done = dma.upload(root, iova, base + offset, shared=shared, deps=deps)
+                done.callbacks.append(lambda _, iova=iova: host_map.unmap(iova))
+            deps = [done]
+            arrivals.append(done)
+        return arrivals
+
     def memcpy_d2h_async(self, host_array: np.ndarray, src: DeviceBuffer, src_offset: int = 0,
                          *, deps: Sequence[simpy.Event] = ()) -> simpy.Event:
         """Fill ``host_array`` from ``src`` at ``src_offset``; an event for its arrival."""

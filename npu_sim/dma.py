@@ -33,7 +33,7 @@ transfer's event fails with a ``DmaFault`` (earlier chunks have landed, as on ha
 from __future__ import annotations
 
 import math
-from bisect import bisect_right, insort
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -98,7 +98,7 @@ class HostMap:
         pages = -(-max(array.nbytes, 1) // _IOVA_PAGE) + 1  # +1: guard page
         self._next += pages * _IOVA_PAGE
         self._arrays[iova] = array.reshape(-1).view(np.uint8)
-        insort(self._starts, iova)
+        self._starts.append(iova)  # addresses only grow: the list stays sorted
         if share and immutable(array):
             self._shared.add(iova)
         return iova
@@ -128,6 +128,11 @@ class HostMap:
         """The mapped host bytes ``[iova, iova + nbytes)`` as a ``uint8`` view."""
         start, offset = self.locate(iova, nbytes)
         return self._arrays[start][offset:offset + nbytes]
+
+    def mapping(self, iova: int) -> tuple[np.ndarray, bool]:
+        """The mapping starting at ``iova``: its flat ``uint8`` array, and whether HBM may refer
+        to its bytes (made with ``share=True`` over immutable bytes)."""
+        return self._arrays[iova], iova in self._shared
 
     def shared_source(self, iova: int, nbytes: int) -> tuple[np.ndarray, int] | None:
         """``(whole mapped array, offset)`` of a range in a shared mapping (``map(share=True)``
@@ -191,7 +196,26 @@ class DmaEngine:
         if is_host(src) and is_host(dst):
             raise DmaFault(self.scope, f"transfer {name!r}: both {src:#x} and {dst:#x} are host "
                                        "addresses; one side must be HBM")
-        move = self._mover(src, dst, nbytes, name)
+        return self._start(self._mover(src, dst, nbytes, name), src, dst, nbytes, name, deps)
+
+    def upload(self, root: np.ndarray, src: int, dst: int, *, shared: bool,
+               deps: Sequence[simpy.Event] = ()) -> simpy.Event:
+        """Copy all of ``root``, the whole host mapping at ``src`` (``shared``: made with
+        ``share=True`` over immutable bytes), to HBM at ``dst``, which the caller has checked
+        lies in one live allocation and is DMA-aligned: :meth:`transfer` without checking again
+        what the caller just established (the firmware's weight uploads, one per weight). The
+        transfer, its chunks, cycles and trace records are :meth:`transfer`'s."""
+        hbm = self.hbm
+        if shared:
+            def move(off: int, n: int) -> None:
+                hbm.share(dst + off, root, off, n)
+        else:
+            def move(off: int, n: int) -> None:
+                hbm.store(dst + off, root[off:off + n])
+        return self._start(move, src, dst, root.size, "", deps)
+
+    def _start(self, move: Callable[[int, int], None], src: int, dst: int, nbytes: int,
+               name: str, deps: Sequence[simpy.Event]) -> simpy.Event:
         direction = "h2d" if is_host(src) else "d2h" if is_host(dst) else "d2d"
         self._transfer_no += 1
         name = name or f"{direction}#{self._transfer_no}"

@@ -84,14 +84,18 @@ def test_overlap_check_matches_the_pairwise_reference(layout):
     assert problems_of(program) == reference_overlaps(program)
 
 
+@pytest.mark.parametrize("stream", [False, True])
 @settings(max_examples=60)
 @given(weight_layouts(packed=True), st.booleans())
-def test_upload_writes_every_weight_and_moves_each_range_once(layout, as_views):
+def test_upload_writes_every_weight_and_moves_each_range_once(stream, layout, as_views):
+    """Loaded (runs of weights contiguous on host and device) or streamed (one DMA per weight,
+    left in flight until the device runs)."""
     program = program_of(layout, as_views=as_views)
     if reference_overlaps(program):
         return
     dev = Device("npu-s")
-    loaded = Firmware(dev, ring_entries=4).load(program)  # more weights than ring slots
+    loaded = Firmware(dev, ring_entries=4).load(program, stream=stream)  # weights > ring slots
+    dev.synchronize()
     expected = np.zeros(program.weights_bytes, np.uint8)
     ranges = {}
     for t, data in zip(program.tensors, program.weights.values(), strict=True):

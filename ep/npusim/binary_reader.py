@@ -4,8 +4,9 @@
 already in memory (:meth:`ContextBinary.from_bytes`, for EPContext embed mode). Opening checks
 the whole file before anything is used: magic, format and SDK versions, hardware architecture,
 header and section-table crc32s, the size, every section's bounds, alignment and CRC-32 (the
-weights' per block, from the WEIGHT_CHECKSUMS table, on a small thread pool while the records are
-decoded), the padding between parts, and every record of every program. Each count and
+weights' per block, from the WEIGHT_CHECKSUMS table, on a checksum thread while the records are
+decoded; with ``defer_weights`` until :meth:`ContextBinary.verify_weights`), the padding
+between parts, and every record of every program. Each count and
 length is checked against the bytes that remain *before* anything is allocated from it, so a
 corrupt or hostile file costs at most its own size in memory and time. Every failure raises
 :class:`ep.errors.InvalidGraph` saying what was wrong; nothing is unpickled or evaluated.
@@ -34,6 +35,7 @@ from firmware_model.upload import drop_resident
 
 from . import binary_layout as L
 from .binary_records import Decoder
+from .crc32_combine import crc32_combine
 from .external_weights import ExternalFiles, ExternalWeightFile, open_external
 from .version import FORMAT_VERSION, READABLE_MAJORS, SDK_VERSION, sdk_major
 
@@ -189,19 +191,37 @@ def _check_tiling(view: memoryview, header: L.ContextHeader,
             )
 
 
-_WORKERS = min(2, os.cpu_count() or 1)
+_WORKERS = 1
+"""One checksum thread: on the two cores these loads are measured on, a second one took the
+core the loading thread needed (BERT's load spent 3-7 ms waiting to be scheduled)."""
 
 
-_INLINE_BYTES = 32 << 20
-"""A weights section up to this size is checksummed on the loading thread before the records
-are decoded (ISA-L: about 1 ms for 20 MiB). Handing it to the threads saved nothing on the
-median load of MobileNet-V3 (10 MiB) or EfficientNet (21 MiB), and starting them made the
-first load of a process ~0.5 ms slower; larger binaries (BERT, GPT-2) keep the threads."""
+_SEGMENT = 448 << 20
+"""The most bytes of weight blocks one CRC-32 call checks. A run of blocks is checked by one
+call and compared with the blocks' stored CRC-32s combined (:mod:`ep.npusim.crc32_combine`):
+CRC-32 detects every error of up to 3 bits in a message under 2^32 bits (512 MiB), so a run's
+check keeps the guarantees of its blocks' checks; a mismatch is then located block by block,
+and reported as before."""
+
+_HEAD = 3 / 4
+"""The share of the weights the thread checks in its first call. A call releases the GIL once;
+between calls the thread needs it back, and waits up to the 5 ms switch interval while the
+loading thread runs Python (a call per 4 MiB block kept BERT's thread waiting more than
+working). So the thread checks most of the weights in one call while the load goes on, and
+the rest in ``_TAIL`` runs that the loading thread, once it waits, shares with it (from the
+back; neither holds the GIL long then)."""
+
+_TAIL = 8
+"""The runs the weights after the first call are split into (see ``_HEAD``)."""
+
+_WHOLE = 64 << 20
+"""Weights up to this size are checked in one call: about 3 ms, less than the rest of a load
+takes, so a tail would only wait for the loading thread (EfficientNet's 21 MiB)."""
 
 
 @functools.cache
 def _pool() -> ThreadPoolExecutor:
-    """The checksum threads, started once: starting two threads per load cost ~2.5 ms of a
+    """The checksum thread, started once: starting two threads per load cost ~2.5 ms of a
     ~20 ms EPContext load, more on a busy machine."""
     return ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="npu_sim-crc")
 """Threads verifying weight blocks (``L.crc32`` releases the GIL)."""
@@ -259,8 +279,70 @@ def _verify(blocks: list[_Block], crcs: list[int]) -> None:
         raise blocks[bad].error(crcs[bad]) from None
 
 
+def _runs(blocks: list[_Block]) -> list[list[_Block]]:
+    """Consecutive blocks grouped into runs, one block at least each: a first run of about
+    ``_HEAD`` of the bytes (all up to ``_WHOLE``), then runs of a ``_TAIL``-th of the rest; none
+    over ``_SEGMENT``."""
+    if not blocks:
+        return []
+    total = blocks[-1].end - blocks[0].start
+    limit = min(max(int(total * _HEAD), _WHOLE), _SEGMENT)
+    tail = min(max(-(-(total - limit) // _TAIL), 1), _SEGMENT)
+    runs: list[list[_Block]] = []
+    for block in blocks:
+        if runs and block.end - runs[-1][0].start <= limit:
+            runs[-1].append(block)
+        else:
+            limit = limit if not runs else tail
+            runs.append([block])
+    return runs
+
+
+def _combined(run: list[_Block]) -> int:
+    """The CRC-32 of a run of blocks, from their stored CRC-32s."""
+    crc = run[0].crc32
+    for block in run[1:]:
+        crc = crc32_combine(crc, block.crc32, block.end - block.start)
+    return crc
+
+
+class _Checks:
+    """The weights section's CRC-32s, one call per run of blocks (see ``_HEAD``), on the
+    checksum thread; whoever waits computes the runs the thread has not started yet itself
+    instead of idling. Every size goes to the thread: checked inline before decoding, MobileNet-
+    V3's 10 MiB made its load 5.0 -> 5.4 ms and EfficientNet's 21 MiB 7.0 -> 8.3 ms (medians)."""
+
+    def __init__(self, view: memoryview, blocks: list[_Block]) -> None:
+        self._runs = _runs(blocks)
+        self._views = [view[run[0].start : run[-1].end] for run in self._runs]
+        self._futures = [_pool().submit(_crc32_then_drop, v) for v in self._views]
+        if self._futures:
+            time.sleep(0)  # hand the GIL over: the thread starts now, not 5 ms into decoding
+
+    def wait(self) -> None:
+        """Every run checked; raise the first bad block's error (the views into the binary are
+        released first)."""
+        futures, self._futures = self._futures, []
+        views, self._views = self._views, []
+        crcs: list[int | None] = [None] * len(futures)
+        for k in reversed(range(len(futures))):  # from the back, while the thread goes on
+            if futures[k].cancel():
+                crcs[k] = _crc32_then_drop(views[k])
+        expected = [_combined(run) for run in self._runs]  # while the thread finishes its run
+        crcs = [f.result() if crc is None else crc for f, crc in zip(futures, crcs, strict=True)]
+        bad = [k for k in range(len(crcs)) if crcs[k] != expected[k]]
+        if bad:  # the error path: find the first bad block of the first bad run
+            run, whole = self._runs[bad[0]], views[bad[0]]
+            base = run[0].start
+            block_crcs = [L.crc32(whole[b.start - base : b.end - base]) for b in run]
+            views.clear()
+            del whole
+            _verify(run, block_crcs)
+        views.clear()
+
+
 def _crc32_then_drop(block: memoryview) -> int:
-    """The CRC-32 of a weights block; a mapped block's pages then leave the resident set (they
+    """The CRC-32 of a run of weight blocks; a mapped run's pages then leave the resident set (they
     stay in the page cache): opening a binary does not hold its weights in memory twice."""
     crc = L.crc32(block)
     drop_resident(block)
@@ -279,8 +361,9 @@ class ContextBinary:
                  expected_architecture: str | None = None,
                  expected_config_digest: str | None = None, source: str = "<bytes>",
                  external_folder: str | os.PathLike[str] | None = None,
-                 _mapping: mmap.mmap | None = None) -> None:
+                 defer_weights: bool = False, _mapping: mmap.mmap | None = None) -> None:
         self.source = source
+        self._checks: _Checks | None = None
         self._mapping = _mapping
         self._closed = False
         view = memoryview(data).cast("B").toreadonly()
@@ -305,20 +388,19 @@ class ContextBinary:
         decoder.external = self._external.views
         self.external_weights = list(self._external.listing)
         """Every external weight the binary refers to (path, size, offset, id), in its order."""
-        # The weights' blocks are verified while the records are decoded; a bad block is
-        # reported first (checksums come before records), and nothing is returned before
-        # every block is verified.
-        if weights.length <= _INLINE_BYTES:
-            _verify(blocks, [_crc32_then_drop(view[b.start : b.end]) for b in blocks])
+        # The weights' blocks are verified while the records are decoded (and, with
+        # ``defer_weights``, while the caller goes on until verify_weights); a bad block is
+        # reported first (checksums come before records).
+        checks = _Checks(view, blocks)
+        try:
             programs = decoder.graphs()
+        except BaseException:
+            checks.wait()
+            raise
+        if defer_weights:
+            self._checks = checks
         else:
-            checks = [_pool().submit(_crc32_then_drop, view[block.start : block.end])
-                      for block in blocks]
-            time.sleep(0)  # hand the GIL over: the workers start now, not 5 ms into decoding
-            try:
-                programs = decoder.graphs()
-            finally:  # every view released before anything raises
-                _verify(blocks, [c.result() for c in checks])
+            checks.wait()
         self._programs = programs
         self._sources = decoder.sources
         self._digests = decoder.digests(list(programs))
@@ -333,20 +415,26 @@ class ContextBinary:
     def from_bytes(cls, data: bytes | bytearray | memoryview, *,
                    expected_architecture: str | None = None,
                    expected_config_digest: str | None = None,
-                   external_folder: str | os.PathLike[str] | None = None) -> ContextBinary:
+                   external_folder: str | os.PathLike[str] | None = None,
+                   defer_weights: bool = False) -> ContextBinary:
         """Validate and wrap a binary held in memory (weights become views into ``data``, or
-        into its external weight files, found relative to ``external_folder``)."""
+        into its external weight files, found relative to ``external_folder``;
+        ``defer_weights`` as for :meth:`open`)."""
         return cls(data, expected_architecture=expected_architecture,
                    expected_config_digest=expected_config_digest,
-                   external_folder=external_folder)
+                   external_folder=external_folder, defer_weights=defer_weights)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, expected_architecture: str | None = None,
-             expected_config_digest: str | None = None) -> ContextBinary:
+             expected_config_digest: str | None = None,
+             defer_weights: bool = False) -> ContextBinary:
         """Map the file at ``path`` read-only and validate it.
 
         ``expected_architecture`` / ``expected_config_digest``, when given, must equal what the
-        binary was compiled for.
+        binary was compiled for. ``defer_weights``: the weights' blocks may still be being
+        checksummed on the thread when this returns; the caller must call
+        :meth:`verify_weights` before the load it is part of succeeds, and may meanwhile only
+        place the weights, not compute with them.
         """
         try:
             with open(path, "rb") as f:
@@ -359,10 +447,19 @@ class ContextBinary:
             return cls(mapping if mapping is not None else b"", source=os.fspath(path),
                        expected_architecture=expected_architecture,
                        expected_config_digest=expected_config_digest,
-                       external_folder=Path(path).parent, _mapping=mapping)
+                       external_folder=Path(path).parent, defer_weights=defer_weights,
+                       _mapping=mapping)
         except BaseException:
             _release(mapping)
             raise
+
+    def verify_weights(self) -> None:
+        """Wait for the weight blocks still being checksummed (opened with ``defer_weights``);
+        a bad block raises :class:`~ep.errors.InvalidGraph` naming it, as opening would have.
+        Returns at once when nothing is pending."""
+        checks, self._checks = self._checks, None
+        if checks is not None:
+            checks.wait()
 
     def graph_names(self) -> list[str]:
         """The graph names, in file order."""
@@ -399,6 +496,8 @@ class ContextBinary:
 
     def close(self) -> None:
         """Release the mapping (it stays alive while weight views are still referenced)."""
+        with contextlib.suppress(InvalidGraph):  # closing, not loading: nothing is reported
+            self.verify_weights()
         self._closed = True
         self._programs = {}
         mapping, self._mapping = self._mapping, None

@@ -31,47 +31,41 @@ _INT, _FLOAT, _STRING, _BYTES, _INTS, _FLOATS, _STRINGS = (
 _REGIONS = {int(r): r for r in Region}
 
 
-def _label(what: str, args: tuple) -> str:
-    return what.format(*args) if args else what
-
-
 class _Cursor:
-    """Reads packed records from one section, refusing to run past its end.
-
-    Each read names what it reads, for the error: ``what`` is a label or, with ``args``, a
-    :meth:`str.format` template filled only when a read fails (labels built for every record
-    and attribute were a third of a small model's decoding).
-    """
+    """Reads packed records from one section, refusing to run past its end; each read names
+    what it reads (``what``), for the error. The tables' fast loops (:meth:`Decoder.tensors`,
+    :meth:`Decoder.launches`) do not go through it: a cursor reads headers, and a table's
+    records only once the fast loop has found one wrong, to name what is wrong."""
 
     def __init__(self, view: memoryview, where: str) -> None:
         self.view = view
         self.pos = 0
         self.where = where
 
-    def need(self, nbytes: int, what: str, *args: object) -> None:
+    def need(self, nbytes: int, what: str) -> None:
         left = len(self.view) - self.pos
         if nbytes > left:
             raise InvalidGraph(
-                f"{self.where}: {_label(what, args)} needs {nbytes} bytes at offset {self.pos}, "
-                f"only {left} remain"
+                f"{self.where}: {what} needs {nbytes} bytes at offset {self.pos}, only {left} "
+                "remain"
             )
 
-    def take(self, layout: struct.Struct, what: str, *args: object) -> tuple:
-        self.need(layout.size, what, *args)
+    def take(self, layout: struct.Struct, what: str) -> tuple:
+        self.need(layout.size, what)
         values = layout.unpack_from(self.view, self.pos)
         self.pos += layout.size
         return values
 
-    def array(self, code: str, count: int, what: str, *args: object) -> tuple:
+    def array(self, code: str, count: int, what: str) -> tuple:
         nbytes = count * struct.calcsize(code)
         if nbytes > len(self.view) - self.pos:
-            self.need(nbytes, f"{count} x {_label(what, args)}")
+            self.need(nbytes, f"{count} x {what}")
         values = struct.unpack_from(f"<{count}{code}", self.view, self.pos)
         self.pos += nbytes
         return values
 
-    def raw(self, nbytes: int, what: str, *args: object) -> bytes:
-        self.need(nbytes, what, *args)
+    def raw(self, nbytes: int, what: str) -> bytes:
+        self.need(nbytes, what)
         data = self.view[self.pos : self.pos + nbytes].tobytes()
         self.pos += nbytes
         return data
@@ -146,10 +140,10 @@ class Decoder:
         self.external_refs_cache = refs
         return refs
 
-    def string(self, index: int, where: str, *args: object) -> str:
+    def string(self, index: int, where: str) -> str:
         if index >= len(self.strings):
             raise InvalidGraph(
-                f"{_label(where, args)}: string id {index} is out of range "
+                f"{where}: string id {index} is out of range "
                 f"[0, {len(self.strings)})"
             )
         return self.strings[index]
@@ -188,12 +182,12 @@ class Decoder:
         return programs
 
     def indices(self, cur: _Cursor, count: int, n_tensors: int, lowest: int,
-                what: str, *args: object) -> tuple[int, ...]:
-        values = cur.array("i", count, what, *args)
+                what: str) -> tuple[int, ...]:
+        values = cur.array("i", count, what)
         if values and (min(values) < lowest or max(values) >= n_tensors):
             value = next(v for v in values if not lowest <= v < n_tensors)
             raise InvalidGraph(
-                f"{cur.where}: {_label(what, args)} {value} is out of range "
+                f"{cur.where}: {what} {value} is out of range "
                 f"[{lowest}, {n_tensors})"
             )
         return values
@@ -338,8 +332,8 @@ class Decoder:
         return launch
 
     def tensor(self, cur: _Cursor, i: int) -> TensorDesc:
-        name_id, dtype_code, region_code, rank, offset = cur.take(L.TENSOR, "tensor {}", i)
-        shape = cur.array("Q", rank, "tensor {} dimension", i)
+        name_id, dtype_code, region_code, rank, offset = cur.take(L.TENSOR, f"tensor {i}")
+        shape = cur.array("Q", rank, f"tensor {i} dimension")
         region = _REGIONS.get(region_code)
         if region is None or not 0 <= dtype_code < len(dtypes.DTYPES):
             raise InvalidGraph(
@@ -348,49 +342,44 @@ class Decoder:
                 f"{[int(r) for r in Region]})"
             )
         dtype = dtypes.DTYPES[dtype_code]
-        name = self.string(name_id, "{}, tensor {}", cur.where, i)
+        name = self.string(name_id, f"{cur.where}, tensor {i}")
         return TensorDesc(name, shape, dtype, region, offset)
 
     def launch(self, cur: _Cursor, i: int, n_tensors: int) -> KernelLaunch:
-        op_id, node_id, n_in, n_out, n_attrs = cur.take(L.LAUNCH, "launch {}", i)
-        inputs = self.indices(cur, n_in, n_tensors, -1, "launch {} input", i)
-        outputs = self.indices(cur, n_out, n_tensors, -1, "launch {} output", i)
-        cur.need(n_attrs * (L.ATTR.size + 4), "{} attributes", n_attrs)
+        where = f"{cur.where}, launch {i}"
+        op_id, node_id, n_in, n_out, n_attrs = cur.take(L.LAUNCH, f"launch {i}")
+        inputs = self.indices(cur, n_in, n_tensors, -1, f"launch {i} input")
+        outputs = self.indices(cur, n_out, n_tensors, -1, f"launch {i} output")
+        cur.need(n_attrs * (L.ATTR.size + 4), f"{n_attrs} attributes")
         attrs: dict[str, AttrValue] = {}
         for _ in range(n_attrs):
-            name_id, tag = cur.take(L.ATTR, "launch {} attribute", i)
-            name = self.string(name_id, "{}, launch {}", cur.where, i)
+            name_id, tag = cur.take(L.ATTR, f"launch {i} attribute")
+            name = self.string(name_id, where)
             if name in attrs:
-                raise InvalidGraph(f"{cur.where}, launch {i}: attribute {name!r} appears twice")
-            attrs[name] = self.attr(cur, tag, "launch {} attribute {!r}", i, name)
-        return KernelLaunch(
-            op=self.string(op_id, "{}, launch {}", cur.where, i), inputs=inputs,
-            outputs=outputs, attrs=attrs, node=self.string(node_id, "{}, launch {}", cur.where, i),
-        )
+                raise InvalidGraph(f"{where}: attribute {name!r} appears twice")
+            attrs[name] = self.attr(cur, tag, f"launch {i} attribute {name!r}")
+        return KernelLaunch(op=self.string(op_id, where), inputs=inputs, outputs=outputs,
+                            attrs=attrs, node=self.string(node_id, where))
 
-    def attr(self, cur: _Cursor, tag: int, what: str, *args: object) -> AttrValue:
-        """One attribute's value; ``what`` and ``args`` name it (see :class:`_Cursor`)."""
+    def attr(self, cur: _Cursor, tag: int, what: str) -> AttrValue:
+        """One attribute's value; ``what`` names it."""
         if tag not in _TAGS:
             raise InvalidGraph(
-                f"{cur.where}, {_label(what, args)}: malformed attribute tag {tag}; valid tags "
+                f"{cur.where}, {what}: malformed attribute tag {tag}; valid tags "
                 f"are {', '.join(f'{t.value} ({t.name})' for t in L.AttrTag)}"
             )
         if tag == _INT:
-            return cur.take(L.I64, what, *args)[0]
+            return cur.take(L.I64, what)[0]
         if tag == _FLOAT:
-            return cur.take(L.F64, what, *args)[0]
+            return cur.take(L.F64, what)[0]
         if tag == _STRING:
-            return self.string(cur.take(L.COUNT, what, *args)[0], "{}, " + what, cur.where,
-                               *args)
-        (count,) = cur.take(L.COUNT, what + " length", *args)
+            return self.string(cur.take(L.COUNT, what)[0], f"{cur.where}, {what}")
+        (count,) = cur.take(L.COUNT, what + " length")
         if tag == _BYTES:
-            return cur.raw(count, what, *args)
+            return cur.raw(count, what)
         if tag == _INTS:
-            return cur.array("q", count, what, *args)
+            return cur.array("q", count, what)
         if tag == _FLOATS:
-            return cur.array("d", count, what, *args)
-        ids = cur.array("I", count, what, *args)  # AttrTag.STRINGS
-        strings = self.strings
-        if ids and max(ids) >= len(strings):
-            return tuple(self.string(s, "{}, " + what, cur.where, *args) for s in ids)
-        return tuple(strings[s] for s in ids)
+            return cur.array("d", count, what)
+        ids = cur.array("I", count, what)  # AttrTag.STRINGS
+        return tuple(self.string(s, f"{cur.where}, {what}") for s in ids)

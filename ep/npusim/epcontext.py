@@ -22,12 +22,15 @@ Loading: :func:`context_capability` claims the EPContext nodes whose ``source`` 
 absent, as TensorRT accepts old models); :func:`load_programs` opens every main node's binary
 (once per file), checks SDK version, architecture and config digest, and finds each node's
 program by graph name. Every failure is ``InvalidGraph`` starting with
-``Failed to load from EpContext model.``.
+``Failed to load from EpContext model.``. A binary's weights are still being checksummed
+on a thread when :func:`load_programs` returns (:class:`WeightChecks`): the provider places
+them meanwhile and waits before the load succeeds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -186,25 +189,52 @@ Acquire = Callable[[Path, Iterable[str], Callable[[Path], ContextBinary]], Conte
 (:meth:`~ep.npusim.shared.SharedWorkspace.acquire_binary`)."""
 
 
+@dataclass
+class WeightChecks:
+    """The binaries of one load whose weight blocks may still be being checksummed
+    (:meth:`ContextBinary.verify_weights`), each with the EPContext node that opened it."""
+
+    opened: list[tuple[str, ContextBinary]] = field(default_factory=list)
+
+    def wait(self) -> None:
+        """Wait for every check; a bad block is the opening node's load error, as it would have
+        been when the binary was opened."""
+        opened, self.opened = self.opened, []
+        first: InvalidGraph | None = None
+        for node, binary in opened:  # all of them: no thread is left reading a binary
+            try:
+                binary.verify_weights()
+            except InvalidGraph as exc:
+                first = first or E.load_error(f"EPContext node {node!r}: {exc.message}")
+        if first is not None:
+            raise first
+
+
 def _open(info: E.EpContextNode, context: ProviderContext, config: DeviceConfig,
           opened: dict[Path, ContextBinary], wanted: set[str],
-          acquire: Acquire | None) -> ContextBinary:
+          acquire: Acquire | None, checks: WeightChecks) -> ContextBinary:
     try:
         if info.embed_mode == 1:
             if not info.ep_cache_context:
                 raise E.load_error(f"EPContext node {info.name!r}: main_context=1 and "
                                    "embed_mode=1 but ep_cache_context holds no payload")
-            return ContextBinary.from_bytes(info.ep_cache_context,
-                                            expected_architecture=config.name,
-                                            expected_config_digest=config.digest,
-                                            external_folder=_folder_or_none(context))
+            binary = ContextBinary.from_bytes(info.ep_cache_context,
+                                              expected_architecture=config.name,
+                                              expected_config_digest=config.digest,
+                                              external_folder=_folder_or_none(context),
+                                              defer_weights=True)
+            checks.opened.append((info.name, binary))
+            return binary
         path = E.resolve_context_file(info.ep_cache_context, E.context_folder(context),
                                       node=info.name)
         if path not in opened:
             def opener(target: Path) -> ContextBinary:
+                # A binary shared through the workspace outlives this load: verified whole.
                 return ContextBinary.open(target, expected_architecture=config.name,
-                                          expected_config_digest=config.digest)
+                                          expected_config_digest=config.digest,
+                                          defer_weights=acquire is None)
             opened[path] = opener(path) if acquire is None else acquire(path, wanted, opener)
+            checks.opened.append((info.name, opened[path]))
         return opened[path]
     except InvalidGraph as exc:
         if exc.message.startswith(E.LOAD_ERROR):
@@ -214,10 +244,13 @@ def _open(info: E.EpContextNode, context: ProviderContext, config: DeviceConfig,
 
 def load_programs(fused_nodes: Sequence[FusedNode], context: ProviderContext,
                   config: DeviceConfig, acquire: Acquire | None = None,
-                  ) -> tuple[list[Program], list[ContextBinary]]:
-    """The program of each EPContext fused node (in order), and the binaries opened (keep them
-    alive while the programs' weights are in use). With ``acquire``, binary files are obtained
-    through it (shared between sessions) instead of opened here.
+                  ) -> tuple[list[Program], list[ContextBinary], WeightChecks]:
+    """The program of each EPContext fused node (in order), the binaries opened (keep them
+    alive while the programs' weights are in use), and the weight checks still running: the
+    caller may place the weights meanwhile and must :meth:`~WeightChecks.wait` before the load
+    succeeds (and before reporting any other error: a bad block is reported first). With
+    ``acquire``, binary files are obtained through it (shared between sessions) instead of
+    opened here, and verified whole.
 
     A node's graph is looked up in the binary its ``ep_cache_context`` names (a file), or, for
     an embedded payload, in its own main node's binary; two binaries may each hold a graph of
@@ -227,6 +260,18 @@ def load_programs(fused_nodes: Sequence[FusedNode], context: ProviderContext,
     infos = [E.parse_ep_context_node(f.body.node[0]) for f in fused_nodes]
     for info in infos:
         _check_node(info, config)
+    checks = WeightChecks()
+    try:
+        programs, binaries = _load(infos, context, config, acquire, checks)
+    except BaseException:
+        checks.wait()
+        raise
+    return programs, binaries, checks
+
+
+def _load(infos: list[E.EpContextNode], context: ProviderContext, config: DeviceConfig,
+          acquire: Acquire | None, checks: WeightChecks,
+          ) -> tuple[list[Program], list[ContextBinary]]:
     opened: dict[Path, ContextBinary] = {}
     binaries: list[ContextBinary] = []
     owner: dict[int, ContextBinary] = {}  # node position -> the binary its graph is in
@@ -234,7 +279,7 @@ def load_programs(fused_nodes: Sequence[FusedNode], context: ProviderContext,
     embedded: list[ContextBinary] = []
     for k, info in enumerate(infos):
         if info.main_context:
-            binary = _open(info, context, config, opened, wanted, acquire)
+            binary = _open(info, context, config, opened, wanted, acquire, checks)
             if binary not in binaries:
                 binaries.append(binary)
             owner[k] = binary

@@ -227,12 +227,25 @@ class NpuSimExecutionProvider(ExecutionProvider):
         """Compile and load every fused node; one compiled node each, in order."""
         contexts = [f for f in fused_nodes if npu_epcontext.is_context_fused(f)]
         loaded: dict[str, Program] = {}
+        checks = npu_epcontext.WeightChecks()
         if contexts:
             acquire = workspace().acquire_binary if self.share else None
-            programs, binaries = npu_epcontext.load_programs(contexts, self.context, self.config,
-                                                             acquire)
+            programs, binaries, checks = npu_epcontext.load_programs(
+                contexts, self.context, self.config, acquire)
             self._context_binaries.extend(binaries)
             loaded = {f.name: p for f, p in zip(contexts, programs, strict=True)}
+        # A binary's weights are checksummed on a thread while the programs are placed;
+        # the load succeeds, or fails for anything else, only once they are verified.
+        try:
+            compiled = self._compile(fused_nodes, loaded)
+        except BaseException:
+            checks.wait()
+            raise
+        checks.wait()
+        return compiled
+
+    def _compile(self, fused_nodes: Sequence[FusedNode],
+                 loaded: dict[str, Program]) -> list[CompiledNode]:
         fresh: list[tuple[FusedNode, Program]] = []
         compiled: list[CompiledNode] = []
         for fused in fused_nodes:

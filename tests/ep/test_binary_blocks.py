@@ -18,6 +18,7 @@ from ep.errors import InvalidArgument, InvalidGraph
 from ep.npusim import binary_layout as L
 from ep.npusim import binary_reader
 from ep.npusim.binary import ContextBinary, pack_context
+from ep.npusim.crc32_combine import crc32_combine
 from firmware_model import Firmware
 from firmware_model.program import Program, Region, TensorDesc
 from npu_sim.device import Device
@@ -62,13 +63,61 @@ def reseal(data: bytearray) -> bytes:
 LARGE = program([(3 * BLOCK + 100, 0), (700, 3 * BLOCK + 512)])
 
 
-@pytest.fixture(params=["inline", "threads"])
+@pytest.fixture(params=["head and tail", "whole", "runs of two"])
 def verifier(request, monkeypatch):
-    """Both ways blocks are verified: on the loading thread (small sections) or by the
-    checksum threads while the records are decoded (sections over ``_INLINE_BYTES``)."""
-    if request.param == "threads":
-        monkeypatch.setattr(binary_reader, "_INLINE_BYTES", 0)
+    """Ways blocks are grouped into CRC-32 calls: a first run of most of them and short runs
+    after (``_HEAD``), one call over the whole section, or runs of at most two blocks
+    (``_SEGMENT``), whose last run is one short block."""
+    if request.param == "head and tail":
+        monkeypatch.setattr(binary_reader, "_WHOLE", 0)
+    if request.param == "runs of two":
+        monkeypatch.setattr(binary_reader, "_SEGMENT", 2 * BLOCK)
     return request.param
+
+
+@pytest.mark.parametrize("size", [0, 1, BLOCK, 10 * BLOCK + 5, 413 << 20, 1100 << 20])
+def test_runs_cover_every_block_once_in_order(size):
+    """Up to ``_WHOLE`` one run, else a first run of about three quarters of the bytes, then
+    short runs; none over ``_SEGMENT`` (one CRC-32 call keeps the per-block guarantees only
+    under 512 MiB)."""
+    block = 4 << 20 if size > BLOCK * 100 else BLOCK
+    blocks = [binary_reader._Block(4, i, i * block, min((i + 1) * block, size), i * block, 0)
+              for i in range(-(-size // block))]
+    runs = binary_reader._runs(blocks)
+    assert [b for run in runs for b in run] == blocks
+    sizes = [run[-1].end - run[0].start for run in runs]
+    assert all(0 < n <= binary_reader._SEGMENT for n in sizes)
+    if size <= binary_reader._WHOLE:
+        assert len(runs) == min(len(blocks), 1)
+    else:
+        assert min(size * 3 // 4, binary_reader._SEGMENT) - block < sizes[0] <= size * 3 // 4
+        assert max(sizes[1:]) < sizes[0]
+
+
+@pytest.mark.parametrize(("first", "second"), [(0, 7), (7, 0), (1, 1), (4096, 4096 * 3 + 7),
+                                               (100, 1 << 20), (1 << 22, 12345)])
+def test_crc32_combine_is_zlibs(first, second):
+    rng = np.random.default_rng(first + second)
+    a, b = rng.bytes(first), rng.bytes(second)
+    assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+
+
+def test_a_deferred_check_reports_a_bad_block_when_waited_for():
+    """``defer_weights``: the programs come back while the checksum thread still runs; the bad
+    block is the error of verify_weights, and closing never reports it."""
+    data = packed(LARGE)
+    index, weights = sections(data)["weights"]
+    bad = bytearray(data)
+    bad[weights.offset + 2 * BLOCK + 9] ^= 0x01
+    binary = ContextBinary.from_bytes(bytes(bad), defer_weights=True)
+    assert binary.graph_names() == ["g"]
+    with pytest.raises(InvalidGraph, match=rf"section #{index} \(weights\), block 2 "):
+        binary.verify_weights()
+    binary.verify_weights()  # once reported, nothing is pending
+    ContextBinary.from_bytes(bytes(bad), defer_weights=True).close()
+    good = ContextBinary.from_bytes(data, defer_weights=True)
+    good.verify_weights()
+    assert good.program("g").weights[0] == LARGE.weights[0]
 
 
 def test_block_table_covers_the_weights_section():

@@ -82,6 +82,7 @@ def test_bytes_without_context_file_path_cannot_find_binary(npu_ctx: dict) -> No
 
 
 def broken_copy(npu_ctx: dict, tmp_path: Path, edit) -> Path:
+    tmp_path.mkdir(exist_ok=True)
     for name in ("e0_ctx.onnx", "m_npusim.bin", "e0_npusim.bin"):
         if (npu_ctx["folder"] / name).exists():
             shutil.copy(npu_ctx["folder"] / name, tmp_path / name)
@@ -157,6 +158,60 @@ def test_corrupted_binary_fails_checksum(npu_ctx: dict, tmp_path: Path) -> None:
     with pytest.raises(ep.InvalidGraph) as info:
         ep.InferenceSession(str(path))
     assert info.value.message.startswith(E.LOAD_ERROR) and "checksum" in info.value.message
+
+
+def test_a_bad_weight_block_fails_the_load_it_was_checked_during(tmp_path: Path) -> None:
+    """A binary's weights are checksummed on a thread while the programs are placed: a bad
+    block still fails the load with the load error naming the node, also when the load fails
+    for another reason too (the block is reported first, as when checked at open)."""
+    from ep.npusim.binary import ContextBinary
+
+    w = np.random.default_rng(0).standard_normal((3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [onnx.numpy_helper.from_array(w, "w")])
+    sound = {"folder": tmp_path / "sound"}
+    sound["folder"].mkdir()
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=8), sound["folder"] / "e0.onnx")
+    ep.InferenceSession(str(sound["folder"] / "e0.onnx"), gen_options(),
+                        providers=["NpuSimExecutionProvider"])
+    x = np.ones((2, 3), np.float32)
+    got = ep.InferenceSession(str(sound["folder"] / "e0_ctx.onnx")).run(None, {"x": x})
+    np.testing.assert_array_equal(got[0], x @ w)  # a sound one loads and runs
+
+    def corrupt_weights(model: onnx.ModelProto, folder: Path) -> None:
+        data = bytearray((folder / "e0_npusim.bin").read_bytes())
+        weights = next(s for s in ContextBinary.from_bytes(bytes(data)).sections
+                       if s.kind_name == "weights")
+        data[weights.offset + weights.length - 1] ^= 0xFF
+        (folder / "e0_npusim.bin").write_bytes(bytes(data))
+
+    path = broken_copy(sound, tmp_path / "w", corrupt_weights)
+    with pytest.raises(ep.InvalidGraph) as info:
+        ep.InferenceSession(str(path))
+    message = info.value.message
+    assert message.startswith(E.LOAD_ERROR) and "(weights), block 0" in message
+    node = ctx_nodes(onnx.load(path))[0].name
+    assert f"EPContext node {node!r}: checksum mismatch" in message
+
+    def corrupt_binding(model: onnx.ModelProto, folder: Path) -> None:
+        model.graph.input[0].type.tensor_type.shape.dim[-1].dim_value += 1
+
+    path = broken_copy(sound, tmp_path / "b", corrupt_binding)
+    with pytest.raises(ep.InvalidGraph, match="the compiled graph's input 0"):
+        ep.InferenceSession(str(path))
+
+    def corrupt_both(model: onnx.ModelProto, folder: Path) -> None:
+        corrupt_weights(model, folder)
+        corrupt_binding(model, folder)
+
+    path = broken_copy(sound, tmp_path / "wb", corrupt_both)
+    with pytest.raises(ep.InvalidGraph) as info:
+        ep.InferenceSession(str(path))
+    assert "(weights), block 0" in info.value.message
 
 
 def test_nodes_of_other_sources_are_not_taken(tmp_path: Path) -> None:

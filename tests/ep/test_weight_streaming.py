@@ -104,3 +104,34 @@ def test_bad_streaming_option(value):
     with pytest.raises(ep.errors.InvalidArgument, match="weight_streaming"):
         ep.InferenceSession(layers(n=1, k=8, m=2).SerializeToString(),
                             providers=[(NPU, {"weight_streaming": value})])
+
+
+def test_streaming_through_the_chain_is_the_per_weight_uploads(monkeypatch):
+    """The firmware streams weights through ``Device.memcpy_h2d_chain``; the first run's
+    values, cycles and trace (the uploads' transfers and chunks among the kernels) are what one
+    ``memcpy_h2d_async`` per weight, each behind the previous, gave. Both ways, same test."""
+    from npu_sim import Device
+
+    source = layers(n=4, k=256)  # 256 KiB weights: several chunks each
+    feed = {"x": rng(2).normal(0, 1, (64, 256)).astype(np.float32)}
+    chained = first_result(source, "1", feed)
+
+    def per_weight(self, dst, copies, *, after=None, share=False):
+        arrivals, last = [], after
+        for host, offset in copies:
+            last = self.memcpy_h2d_async(dst, host, offset,
+                                         deps=[] if last is None else [last], share=share)
+            arrivals.append(last)
+        return arrivals
+
+    monkeypatch.setattr(Device, "memcpy_h2d_chain", per_weight)
+    reference = first_result(source, "1", feed)
+    np.testing.assert_array_equal(chained[0][0], reference[0][0])
+    assert chained[1] == reference[1]
+
+    def fields(trace):
+        return [(r.kind, r.engine, r.scope, r.name, r.start, r.end, r.deps, r.work, r.submit,
+                 r.ready) for r in trace]
+
+    assert fields(chained[2]) == fields(reference[2])
+    assert sum(r.kind == "dma" and r.work["direction"] == "h2d" for r in chained[2]) > 4

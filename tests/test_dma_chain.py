@@ -1,0 +1,125 @@
+"""``Device.memcpy_h2d_chain`` is ``memcpy_h2d_async`` once per copy, each behind the previous.
+
+The chain is how the firmware streams a program's weights (one transfer per weight); it checks
+the buffer and the dependency once instead of per copy and skips re-validating the mapping it
+has just made. Everything observable must be what the per-copy calls give: the same host
+mappings, transfers, chunks, cycles, trace records, counters, HBM contents, and faults. Each
+test runs both on two identical devices and compares them.
+"""
+
+from __future__ import annotations
+
+import mmap
+import re
+
+import numpy as np
+import pytest
+
+from npu_sim import Device, DeviceConfig
+from npu_sim.config import MiB
+from npu_sim.errors import DmaFault
+
+SMALL = DeviceConfig.preset("os32").replace(hbm_bytes=4 * MiB, dma_chunk_bytes=4096,
+                                            dma_channels=3)
+
+
+def per_copy(dev: Device, dst, copies, *, after=None, share=False):
+    """The reference: what the firmware did before the chain existed."""
+    arrivals, last = [], after
+    for host, offset in copies:
+        last = dev.memcpy_h2d_async(dst, host, offset, deps=[] if last is None else [last],
+                                    share=share)
+        arrivals.append(last)
+    return arrivals
+
+
+def chained(dev: Device, dst, copies, *, after=None, share=False):
+    return dev.memcpy_h2d_chain(dst, copies, after=after, share=share)
+
+
+def host_arrays() -> list[np.ndarray]:
+    """Weights as the firmware sees them: read-only views of a file mapping (immutable, so HBM
+    refers to them) and of bytes, a writable array (copied), one of several chunks, one empty."""
+    rng = np.random.default_rng(7)
+    mapping = mmap.mmap(-1, 3 * 4096)
+    mapping.write(rng.bytes(3 * 4096))
+    mapped = np.frombuffer(memoryview(mapping).toreadonly(), np.uint8)
+    return [mapped[:5000], np.frombuffer(rng.bytes(700), np.uint8),
+            rng.integers(0, 256, 9000, dtype=np.uint8), mapped[5000:5000], mapped[8192:],
+            np.frombuffer(rng.bytes(3), np.uint8)]
+
+
+def run(start, *, share: bool, competing: bool):
+    """Both sides' observable results: arrival times, trace, counters, HBM bytes, mappings."""
+    dev = Device(SMALL)
+    buf = dev.malloc(64 * 1024)
+    hosts = host_arrays()
+    offsets = [0, 8192, 12288, 24576, 32768, 40960]
+    first = dev.memcpy_h2d_async(buf, np.ones(2048, np.uint8), 60 * 1024)
+    if competing:  # a run's own transfer racing the chain for channels and the link
+        dev.memcpy_h2d_async(buf, np.full(10_000, 3, np.uint8), 45 * 1024)
+    arrivals = start(dev, buf, list(zip(hosts, offsets, strict=True)), after=first, share=share)
+    dev.synchronize()
+    records = [(r.kind, r.engine, r.scope, r.name, r.start, r.end, r.deps, r.work, r.submit,
+                r.ready) for r in dev.trace.records]
+    return ([(e.ok, dev.env.now) for e in arrivals], records, dev.stats(), dev.now,
+            bytes(dev.hbm.read(buf.address, buf.nbytes)), len(dev.host_map._arrays))
+
+
+@pytest.mark.parametrize("share", [True, False])
+@pytest.mark.parametrize("competing", [False, True])
+def test_a_chain_is_the_per_copy_transfers(share, competing):
+    want = run(per_copy, share=share, competing=competing)
+    got = run(chained, share=share, competing=competing)
+    assert got == want
+    assert want[2]["dma.transfers"] == 1 + competing + 5  # the empty copy moves nothing
+    assert want[-1] == 0  # every mapping is released once its transfer lands
+
+
+def test_a_chain_waits_for_each_previous_copy():
+    dev = Device(SMALL)
+    buf = dev.malloc(64 * 1024)
+    arrivals = chained(dev, buf, [(np.ones(8192, np.uint8), 0), (np.ones(8192, np.uint8), 8192)])
+    dev.synchronize()
+    first, second = [r for r in dev.trace.records if r.work["transfer"] == 1], \
+        [r for r in dev.trace.records if r.work["transfer"] == 2]
+    assert max(r.end for r in first) <= min(r.ready for r in second)
+    assert all(e.ok for e in arrivals)
+
+
+@pytest.mark.parametrize("case", ["unaligned", "outside", "freed", "foreign", "writable-2d"])
+def test_a_chain_faults_as_the_per_copy_calls_do(case):
+    def attempt(start):
+        dev, other = Device(SMALL), Device(SMALL)
+        buf = dev.malloc(16 * 1024)
+        after = other.memcpy_h2d_async(other.malloc(64), np.ones(64, np.uint8)) \
+            if case == "foreign" else None
+        host = np.ones(64, np.uint8)
+        offset = {"unaligned": 2, "outside": 16 * 1024 - 32}.get(case, 0)
+        if case == "freed":
+            dev.free(buf)
+        if case == "writable-2d":
+            host = np.ones((8, 8), np.uint8)[:, ::2]  # not C-contiguous
+        before = dev.stats()
+        with pytest.raises(DmaFault) as info:
+            start(dev, buf, [(np.ones(64, np.uint8), 64), (host, offset)], after=after)
+        dev.synchronize()
+        scope, message = info.value.args  # device ids differ between the two devices
+        return scope, re.sub(r"device(_id=| )\d+", r"device\1N", message), \
+            dev.stats()["dma.transfers"] - before["dma.transfers"]
+
+    assert attempt(chained) == attempt(per_copy)
+
+
+def test_freeing_the_buffer_in_flight_fails_the_chain_as_it_fails_a_copy():
+    def attempt(start):
+        dev = Device(SMALL)
+        buf = dev.malloc(64 * 1024)
+        arrivals = start(dev, buf, [(np.ones(32 * 1024, np.uint8), 0),
+                                    (np.ones(4096, np.uint8), 32 * 1024)])
+        dev.free(buf)
+        with pytest.raises(DmaFault) as info:
+            dev.synchronize()
+        return info.value.args, [e.ok for e in arrivals if e.triggered], dev.now
+
+    assert attempt(chained) == attempt(per_copy)
