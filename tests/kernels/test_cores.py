@@ -1,0 +1,71 @@
+"""cores.split: every part once, on the caller and the helper threads, errors handed back."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from npu_sim.kernels import cores
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 40))
+def test_every_part_runs_once(parts: int) -> None:
+    seen: list[int] = []
+    cores.split(parts, seen.append)  # list.append is atomic under the GIL
+    assert sorted(seen) == list(range(parts))
+
+
+@pytest.mark.skipif(cores.THREADS < 2, reason="one core: no helper thread to meet")
+def test_a_helper_runs_parts_beside_the_caller() -> None:
+    """Part 0 waits until part 1 has started: only two threads at once get past it."""
+    started = threading.Event()
+    threads: set[int] = set()
+
+    def part(k: int) -> None:
+        threads.add(threading.get_ident())
+        if k == 1:
+            started.set()
+        elif not started.wait(10):
+            raise AssertionError("part 1 never ran beside part 0")
+
+    cores.split(2, part)
+    assert len(threads) == 2
+
+
+def test_an_error_in_a_part_reaches_the_caller_and_the_next_split_works() -> None:
+    def part(k: int) -> None:
+        if k == 3:
+            raise ValueError("part 3")
+
+    with pytest.raises(ValueError, match="part 3"):
+        cores.split(8, part)
+    seen: list[int] = []
+    cores.split(8, seen.append)
+    assert sorted(seen) == list(range(8))
+
+
+def test_a_split_inside_a_part_runs_serially() -> None:
+    inner: list[tuple[int, int]] = []
+    cores.split(4, lambda k: cores.split(3, lambda j: inner.append((k, j))))
+    assert sorted(inner) == [(k, j) for k in range(4) for j in range(3)]
+
+
+def test_splits_from_several_threads_at_once_all_complete() -> None:
+    results: dict[int, list[int]] = {}
+
+    def caller(t: int) -> None:
+        for _ in range(50):
+            seen: list[int] = []
+            cores.split(5, seen.append)
+            results.setdefault(t, []).append(len(seen))
+
+    threads = [threading.Thread(target=caller, args=(t,)) for t in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == {t: [5] * 50 for t in range(3)}
