@@ -24,7 +24,7 @@ from ..epilogue import decode
 FusedLoop = Callable[[np.ndarray, np.ndarray], bool]
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _bias_relu(y, b):  # pragma: no cover - numba
     for n in range(y.shape[0]):
         for m in range(y.shape[1]):
@@ -35,7 +35,7 @@ def _bias_relu(y, b):  # pragma: no cover - numba
                 row[p] = 0 if v < 0 else v  # NaN passes through, as the Relu kernel's loop
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _bias_hard_sigmoid_gate(y, b, alpha, beta):  # pragma: no cover - numba
     for n in range(y.shape[0]):
         for m in range(y.shape[1]):

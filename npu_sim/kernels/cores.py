@@ -113,10 +113,11 @@ def _await_done(counts, parts, limit):  # pragma: no cover - compiled
 class _Job:
     """One split: ``work(k)`` for ``k < parts``; ``counts`` = [next part, parts finished]."""
 
-    __slots__ = ("work", "parts", "counts", "error", "last")
+    __slots__ = ("work", "parts", "counts", "error", "last", "errstate")
 
     def __init__(self, work: Callable[[int], object], parts: int) -> None:
         self.work, self.parts = work, parts
+        self.errstate = np.geterr()  # numpy's error handling is per thread: the caller's holds
         self.counts = np.zeros(2, np.int64)
         self.error: BaseException | None = None
         self.last = threading.Lock()  # released by whoever finishes the last part
@@ -158,7 +159,8 @@ class _Team:
             seen = int(self.posted[0])
             job = self.job
             if job is not None:
-                job.run_parts()
+                with np.errstate(**job.errstate):
+                    job.run_parts()
 
     def run(self, job: _Job) -> None:
         self.job = job

@@ -28,7 +28,7 @@ from .gemm import broadcasts_to
 _UFUNCS = {"Add": np.add, "Mul": np.multiply}
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _hard_sigmoid_gate(y, alpha, beta):  # pragma: no cover - numba
     for i in range(y.size):
         v = alpha * y[i] + beta
@@ -37,13 +37,13 @@ def _hard_sigmoid_gate(y, alpha, beta):  # pragma: no cover - numba
         y[i] = y[i] * g
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _minus_abs(y, e):  # pragma: no cover - numba
     for i in range(y.size):
         e[i] = -abs(y[i])
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _sigmoid_gate(y, e):  # pragma: no cover - numba
     # e = exp(-|y|): the Sigmoid kernel's arithmetic, its float32 rounding, then the multiply.
     for i in range(y.size):
@@ -63,7 +63,7 @@ def _silu(y: np.ndarray) -> None:
     _sigmoid_gate(flat, e)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _bias_minus_abs(y, b, e):  # pragma: no cover - numba
     # y, e (N, M, P): y += b[m] (float32, as numpy's add), e = -|y|, in one pass.
     for n in range(y.shape[0]):
