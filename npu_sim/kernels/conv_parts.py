@@ -4,9 +4,9 @@ A mobile net's large launches are a 1x1 convolution or a depthwise one followed 
 fused activation (SiLU, hard-swish, Relu), each a pass over an output of up to 4.8 MB. On one
 core EfficientNet's 16 to 96 channel 1x1 convolution of 112x112 took 1.6 ms (GEMM 0.49, bias
 0.15, exp 0.54, gate 0.39); onnxruntime runs it on both cores. :func:`plan` cuts such a launch
-into ranges of output channels, one per core and image (:func:`.cores.split`), and each part
-runs the whole launch for its channels: the GEMM of those weight rows (or the depthwise planes
-of those channels) and then the bias and epilogue on those rows while they are the part's own.
+into ranges of output channels, one per core (:func:`.cores.split`), and each part runs the
+whole launch for its channels, image by image: the GEMM of those weight rows (or the depthwise
+planes of those channels), then the bias and epilogue on those rows while they are its own.
 Every element gets exactly the arithmetic of the unsplit launch (the same dot product in the
 same order, the same float32 epilogue steps), so the values are the same bits; GEMM parts start
 at multiples of :data:`ALIGN` rows, so BLAS runs the same micro-kernel blocks as on the whole.
@@ -22,15 +22,18 @@ view, whose epilogue loops do not vectorise.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from ..epilogue import decode, input_scale
 from . import cores, taps
 from .bias_fused import FusedLoop
 from .conv import Window, as5d, pointwise, pointwise_columns
 from .depthwise import tapped
+
+_UFUNCS = {"Add": np.add, "Mul": np.multiply}
 
 #: A 1x1 convolution splits when its multiply-adds plus :data:`EPILOGUE_WEIGHT` per output
 #: element reach this much work, a depthwise one at :data:`DEPTHWISE_WORK` (its multiply-adds
@@ -53,28 +56,33 @@ ALIGN = 16
 Part = Callable[[int, int, int], object]
 
 
-def plan(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, group: int, win: Window,
-         into: np.ndarray | None, attrs: Mapping[str, Any],
+def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: int,
+         win: Window, into: np.ndarray | None,
          fused: FusedLoop | None) -> Callable[[], bool] | None:
-    """A function computing the whole Conv launch (values, bias, fused epilogue) into ``into``
-    in parts over the cores, or None when the launch does not split: it must be float32 with an
-    ``into`` buffer, a contiguous input, no input scale, a bias and epilogue done by ``fused``
-    (or no epilogue and no activation at all), a 1x1 convolution over views of its input or a
-    depthwise one on phase-split planes (:func:`.depthwise.tapped`), and at least
-    :data:`SPLIT_WORK` of work. The function returns False (nothing written) when this run's
-    values rule the split out (non-finite depthwise weights), and the caller runs it whole."""
-    if into is None or x.dtype != np.float32 or w.dtype != np.float32 or \
-            not x.flags.c_contiguous or not w.flags.c_contiguous or "input_scale" in attrs or \
-            (b is not None and b.dtype != np.float32) or \
-            (fused is None and ("epilogue" in attrs or attrs.get("activation"))) or \
-            (fused is not None and b is None):
+    """A function computing the whole Conv launch of ``inputs`` (values, bias, epilogue) into
+    ``into`` in parts over the cores, or None when the launch does not split. It splits when
+    it is float32 with an ``into`` buffer and a contiguous input; a 1x1 convolution over views
+    of its input (its weights scaled per input channel or not: each part scales its own rows)
+    or a depthwise one on phase-split planes (:func:`.depthwise.tapped`); its bias and epilogue
+    done by ``fused``, or no fused activation and epilogue steps that are all ``Add`` or ``Mul``
+    of a float32 operand of the output's shape; and at least :data:`SPLIT_WORK` (or
+    :data:`DEPTHWISE_WORK`) of work. The function returns False (nothing written) when this
+    run's values rule the split out (non-finite depthwise weights): the caller runs it whole."""
+    x, w = inputs[0], inputs[1]
+    b = inputs[2] if len(inputs) > 2 else None
+    if into is None or x is None or w is None or x.dtype != np.float32 or \
+            w.dtype != np.float32 or not x.flags.c_contiguous or not w.flags.c_contiguous or \
+            (b is not None and b.dtype != np.float32):
+        return None
+    steps = _operand_steps(inputs, attrs, into.shape) if fused is None else ()
+    if steps is None or (fused is not None and b is None):
         return None
     n, m = into.shape[:2]
     y = into.reshape(n, m, -1)
     gemm = pointwise(group, win)
     if gemm:
-        compute, macs = _pointwise(x, w, win, y), y.size * x.shape[1]
-    elif group > 1 and w.shape[1] == 1:
+        compute, macs = _pointwise(inputs, attrs, win, y), y.size * x.shape[1]
+    elif group > 1 and w.shape[1] == 1 and "input_scale" not in attrs:
         compute, macs = _depthwise(x, w, win, into), y.size * math.prod(win.kernel)
     else:
         return None
@@ -82,26 +90,45 @@ def plan(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, group: int, win: Wi
                                                               DEPTHWISE_WORK):
         return None
     edges = _edges(m, ALIGN if gemm else 1)
-    parts = [(i, lo, hi) for i in range(n) for lo, hi in zip(edges, edges[1:], strict=False)]
 
     def part(k: int) -> None:
-        i, lo, hi = parts[k]
-        compute(i, lo, hi)
-        if b is None:
-            return
-        rows = y[i:i + 1, lo:hi]
-        if fused is not None:
-            fused(rows, b[lo:hi])  # float32, contiguous: always applies
-        else:
-            np.add(rows, b[lo:hi, None], out=rows)
+        lo, hi = edges[k], edges[k + 1]
+        for i in range(n):
+            compute(i, lo, hi)
+            rows = y[i:i + 1, lo:hi]
+            if fused is not None:
+                fused(rows, b[lo:hi])  # float32, contiguous: always applies
+                continue
+            if b is not None:
+                np.add(rows, b[lo:hi, None], out=rows)
+            for ufunc, operand in steps:
+                with np.errstate(all="ignore"):  # as apply_epilogue's binary steps
+                    ufunc(rows, operand[i:i + 1, lo:hi], out=rows)
 
     def run() -> bool:
         if not gemm and not np.isfinite(w).all():  # padding would multiply inf by 0
             return False
-        cores.split(len(parts), part)
+        cores.split(len(edges) - 1, part)
         return True
 
     return run
+
+
+def _operand_steps(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
+                   shape: tuple[int, ...]) -> list[tuple[np.ufunc, np.ndarray]] | None:
+    """The epilogue as (ufunc, operand viewed as (N, M, pixels)) pairs when it has no fused
+    activation and only ``Add`` and ``Mul`` steps with float32 operands of the output's shape
+    (a residual); else None."""
+    if attrs.get("activation"):
+        return None
+    steps = []
+    for step in decode("Conv", attrs):
+        other = inputs[step.operand] if 0 <= step.operand < len(inputs) else None
+        if step.op not in _UFUNCS or other is None or other.shape != shape or \
+                other.dtype != np.float32 or not other.flags.c_contiguous:
+            return None
+        steps.append((_UFUNCS[step.op], other.reshape(shape[0], shape[1], -1)))
+    return steps
 
 
 def _edges(m: int, align: int) -> list[int]:
@@ -113,20 +140,38 @@ def _edges(m: int, align: int) -> list[int]:
     return [0, *inner, m]
 
 
-def _pointwise(x: np.ndarray, w: np.ndarray, win: Window, y: np.ndarray) -> Part | None:
-    """Part ``(image, lo, hi)`` of a 1x1 convolution: weight rows ``lo..hi`` times the image's
-    pixel columns, when those are views of ``x`` (strided pixels are gathered into a copy made
-    per run: then None)."""
+def _pointwise(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], win: Window,
+               y: np.ndarray) -> Part | None:
+    """Part ``(image, lo, hi)`` of a 1x1 convolution: weight rows ``lo..hi`` (times the input
+    scale, into a buffer of the launch's own, as :func:`.conv._scaled_weights` multiplies) times
+    the image's pixel columns, when those are views of ``x`` (strided pixels are gathered into
+    a copy made per run: then None) and the scale is one float32 per input channel."""
+    x, w = inputs[0], inputs[1]
     columns = pointwise_columns(as5d(x), win)
     if not all(np.shares_memory(c, x) for c in columns):
         return None
     w2 = w.reshape(w.shape[0], -1)
+    index = input_scale("Conv", attrs)
+    if index < 0:
+        def compute(i: int, lo: int, hi: int) -> None:
+            with np.errstate(all="ignore"):  # inf/NaN inputs give inf/NaN, not warnings
+                np.matmul(w2[lo:hi], columns[i], out=y[i, lo:hi])
 
-    def compute(i: int, lo: int, hi: int) -> None:
-        with np.errstate(all="ignore"):  # inf/NaN inputs give inf/NaN, not warnings
-            np.matmul(w2[lo:hi], columns[i], out=y[i, lo:hi])
+        return compute
+    s = inputs[index] if index < len(inputs) else None
+    axis = -1 if s is None else s.ndim - w.ndim + 1  # the channel axis, as _scaled_weights
+    if s is None or s.dtype != np.float32 or s.size != w2.shape[1] or \
+            not 0 <= axis < s.ndim or s.shape[axis] != s.size:
+        return None  # the whole launch checks and names what is wrong
+    scale, scaled = s.reshape(1, -1), np.empty_like(w2)
 
-    return compute
+    def compute_scaled(i: int, lo: int, hi: int) -> None:
+        with np.errstate(all="ignore"):
+            if i == 0:  # a part's images come in order: its rows once, before the first
+                np.multiply(w2[lo:hi], scale, out=scaled[lo:hi])
+            np.matmul(scaled[lo:hi], columns[i], out=y[i, lo:hi])
+
+    return compute_scaled
 
 
 def _depthwise(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarray) -> Part | None:

@@ -26,11 +26,11 @@ def split_always(monkeypatch):
     monkeypatch.setattr(conv_parts, "DEPTHWISE_WORK", 0)
 
 
-def launches(x, w, b, attrs, out_shape):
+def launches(x, w, b, attrs, out_shape, extra=()):
     """The launch prepared whole (thresholds out of reach) and split (thresholds 0), each with
     its own output buffer; the split one is checked to be planned."""
     outs = [np.full(out_shape, np.nan, np.float32) for _ in range(2)]
-    inputs = [x, w] + ([] if b is None else [b])
+    inputs = [x, w, b, *extra] if extra else [x, w] + ([] if b is None else [b])
     prepared = []
     for work in (1 << 62, 0):
         planned = []
@@ -44,8 +44,8 @@ def launches(x, w, b, attrs, out_shape):
     return prepared[0], prepared[1], outs
 
 
-def assert_split_equals_whole(x, w, b, attrs, out_shape):
-    whole, split, (want, got) = launches(x, w, b, attrs, out_shape)
+def assert_split_equals_whole(x, w, b, attrs, out_shape, extra=()):
+    whole, split, (want, got) = launches(x, w, b, attrs, out_shape, extra)
     with np.errstate(all="ignore"):
         whole()
         result = split()[0]
@@ -64,6 +64,23 @@ def test_a_split_1x1_conv_gives_the_bits_of_the_whole_launch(n, c, m, h, w_, bia
     b = random_array(seed + 2, (m,), np.float32) if bias or epilogue else None
     attrs = {"group": 1, "kernel_shape": (1, 1), **epilogue}
     assert_split_equals_whole(x, w, b, attrs, (n, m, h, w_))
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 3), c=st.integers(1, 40), m=st.integers(1, 40), pixels=st.integers(1, 60),
+       bias=st.booleans(), residual=st.booleans(), seed=seeds)
+def test_a_split_squeeze_excite_projection_gives_the_bits_of_the_whole_launch(
+        n, c, m, pixels, bias, residual, seed):
+    """A 1x1 convolution reading the squeeze-excite scale (its weights scaled per input channel,
+    each part its own rows) and adding the residual."""
+    x = random_array(seed, (n, c, pixels, 1), np.float32, -4, 4)
+    w = random_array(seed + 1, (m, c, 1, 1), np.float32, -1, 1)
+    b = random_array(seed + 2, (m,), np.float32) if bias else None
+    scale = random_array(seed + 3, (1, c, 1, 1), np.float32, 0, 1)
+    r = with_specials(random_array(seed + 4, (n, m, pixels, 1), np.float32), seed, SPECIALS)
+    attrs = {"group": 1, "kernel_shape": (1, 1), "input_scale": 3,
+             **(encode([Step("Add", operand=4)]) if residual else {})}
+    assert_split_equals_whole(x, w, b, attrs, (n, m, pixels, 1), (scale, r))
 
 
 @settings(max_examples=60, deadline=None)
@@ -86,26 +103,32 @@ def test_a_split_depthwise_conv_gives_the_bits_of_the_whole_launch(n, c, mult, k
 
 def test_the_split_is_planned_for_the_mobile_nets_launches(split_always) -> None:
     """1x1 over views of the input and depthwise on phase-split planes split; what they do not
-    take (a strided 1x1's gathered pixels, an unfused epilogue, no output buffer) does not."""
+    take (a strided 1x1's gathered pixels, a broadcast residual, a step no fused loop does, no
+    output buffer) does not."""
     x = np.zeros((1, 8, 16, 16), np.float32)
     w1, wd, b = np.zeros((32, 8, 1, 1), np.float32), np.zeros((8, 1, 3, 3), np.float32), \
         np.zeros(32, np.float32)
     one, dw = {"group": 1, "kernel_shape": (1, 1)}, {"group": 8, "pads": (1, 1, 1, 1)}
-    assert conv_parts.plan(x, w1, b, 1, *_window(x, w1, one), one, None) is not None
-    assert conv_parts.plan(x, wd, b[:8], 8, *_window(x, wd, dw), dw, None) is not None
-    strided = {**one, "strides": (2, 2)}
-    assert conv_parts.plan(x, w1, b, 1, *_window(x, w1, strided), strided, None) is None
-    unfused = {**one, **encode([Step("Add", operand=1)])}
-    assert conv_parts.plan(x, w1, b, 1, *_window(x, w1, unfused), unfused, None) is None
-    assert conv_parts.plan(x, w1, b, 1, _window(x, w1, one)[0], None, one, None) is None
+    residual = {**one, **encode([Step("Add", operand=3)])}
+
+    def planned(inputs, attrs, *, into=True):
+        group, win, out = _window(inputs[0], inputs[1], attrs)
+        return conv_parts.plan(inputs, attrs, group, win, out if into else None, None)
+
+    assert planned([x, w1, b], one) is not None
+    assert planned([x, wd, b[:8]], dw) is not None
+    assert planned([x, w1, b, np.zeros((1, 32, 16, 16), np.float32)], residual) is not None
+    assert planned([x, w1, b, np.zeros((1, 32, 1, 1), np.float32)], residual) is None
+    assert planned([x, w1, b], {**one, "strides": (2, 2)}) is None
+    assert planned([x, w1, b], {**one, **encode([Step("Sigmoid", gate=True)])}) is None
+    assert planned([x, w1, b], one, into=False) is None
 
 
 def _window(x, w, attrs):
     from npu_sim.kernels.conv import geometry
 
-    _, win = geometry(x.shape, w.shape, attrs)
-    out = np.empty((x.shape[0], w.shape[0], *win.out), np.float32)
-    return win, out
+    group, win = geometry(x.shape, w.shape, attrs)
+    return group, win, np.empty((x.shape[0], w.shape[0], *win.out), np.float32)
 
 
 def test_non_finite_depthwise_weights_run_the_launch_whole() -> None:
