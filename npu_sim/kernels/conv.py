@@ -391,9 +391,8 @@ def direct_fits(c: int, w_shape: tuple[int, ...], win: Window, dtype: np.dtype) 
 
 def _direct(x: np.ndarray, w: np.ndarray, win: Window, y: np.ndarray) -> None:
     """:func:`direct_fits` convolution of ``x`` (N, C, H, W) into ``y`` (N, M, OH, OW): each
-    image split into its phases once, then its output channels. One thread: split over the
-    kernels' pool by output channels, MobileNet-V3's stem measured 310-440 against 283-290 us
-    whole (best of 50, three rounds)."""
+    image split into its phases once, then its output channels, on one thread (a prepared
+    launch with an output buffer splits by channels with its epilogue, :mod:`.conv_parts`)."""
     m = y.shape[1]
     k, s = win.kernel[0], win.strides[0]
     rows, pitch, span = taps.geometry(k, s, *win.out)

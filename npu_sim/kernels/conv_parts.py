@@ -30,7 +30,7 @@ import numpy as np
 from ..epilogue import decode, input_scale
 from . import cores, taps
 from .bias_fused import FusedLoop
-from .conv import Window, as5d, pointwise, pointwise_columns
+from .conv import Window, as5d, direct_fits, pointwise, pointwise_columns
 from .depthwise import tapped
 
 _UFUNCS = {"Add": np.add, "Mul": np.multiply}
@@ -52,6 +52,9 @@ EPILOGUE_WEIGHT = 20
 #: GEMM parts start at multiples of this many output channels (the AVX-512 sgemm kernel's block
 #: of rows), so each output row is computed by the same kernel block as in the unsplit GEMM.
 ALIGN = 16
+#: A direct (image stem) convolution's parts start at multiples of this many output channels,
+#: the group :func:`.taps.direct` sums together.
+DIRECT_ALIGN = 4
 
 Part = Callable[[int, int, int], object]
 
@@ -79,17 +82,21 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
         return None
     n, m = into.shape[:2]
     y = into.reshape(n, m, -1)
-    gemm = pointwise(group, win)
+    gemm, setup = pointwise(group, win), None
     if gemm:
         compute, macs = _pointwise(inputs, attrs, win, y), y.size * x.shape[1]
-    elif group > 1 and w.shape[1] == 1 and "input_scale" not in attrs:
+    elif "input_scale" in attrs:
+        return None
+    elif group > 1 and w.shape[1] == 1:
         compute, macs = _depthwise(x, w, win, into), y.size * math.prod(win.kernel)
+    elif group == 1 and direct_fits(x.shape[1], w.shape, win, x.dtype):
+        (setup, compute), macs = _direct(x, w, win, into), w.size * y.size // m
     else:
         return None
     if compute is None or macs + EPILOGUE_WEIGHT * y.size < (SPLIT_WORK if gemm else
                                                               DEPTHWISE_WORK):
         return None
-    edges = _edges(m, ALIGN if gemm else 1)
+    edges = _edges(m, ALIGN if gemm else DIRECT_ALIGN if setup else 1)
 
     def part(k: int) -> None:
         lo, hi = edges[k], edges[k + 1]
@@ -108,6 +115,8 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
     def run() -> bool:
         if not gemm and not np.isfinite(w).all():  # padding would multiply inf by 0
             return False
+        if setup is not None:
+            setup()
         cores.split(len(edges) - 1, part)
         return True
 
@@ -191,3 +200,25 @@ def _depthwise(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarray) -> P
         taps.depthwise(*args, i * m + lo, i * m + hi)
 
     return compute
+
+
+def _direct(x: np.ndarray, w: np.ndarray, win: Window,
+            into: np.ndarray) -> tuple[Callable[[], None], Part]:
+    """Setup and part ``(image, lo, hi)`` of a direct convolution (an image stem,
+    :func:`.conv.direct_fits`): each run splits every image into its phases once (the setup, on
+    the calling thread), then a part computes output channels ``lo..hi`` of an image from them
+    (:func:`.taps.direct`), as :func:`.conv._direct` does for all of them."""
+    n, c, m = x.shape[0], x.shape[1], w.shape[0]
+    k, s = win.kernel[0], win.strides[0]
+    rows, pitch, span = taps.geometry(k, s, *win.out)
+    o, wk, size = taps.offsets(k, s, rows, pitch), w.reshape(m, c, k * k), s * s * rows * pitch
+    flats: list[np.ndarray] = []
+
+    def setup() -> None:
+        flats[:] = [taps.phases(x[i], s, win.pads_begin[0], win.pads_begin[1], rows, pitch,
+                                taps.rounded(span)) for i in range(n)]
+
+    def compute(i: int, lo: int, hi: int) -> None:
+        taps.direct(flats[i], size, pitch, o, wk[lo:hi], into[i, lo:hi])
+
+    return setup, compute

@@ -101,6 +101,23 @@ def test_a_split_depthwise_conv_gives_the_bits_of_the_whole_launch(n, c, mult, k
     assert_split_equals_whole(x, w, b, attrs, (n, c * mult, out, out))
 
 
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 2), c=st.integers(1, 4), m=st.integers(1, 40), k=st.sampled_from([3, 5]),
+       s=st.integers(1, 2), size=st.integers(5, 40), bias=st.booleans(),
+       epilogue=st.sampled_from(EPILOGUES), seed=seeds)
+def test_a_split_image_stem_gives_the_bits_of_the_whole_launch(n, c, m, k, s, size, bias,
+                                                              epilogue, seed):
+    """A direct convolution of 1 to 4 input channels (an image stem), split by output channels
+    in groups of four as :func:`npu_sim.kernels.taps.direct` sums them."""
+    x = with_specials(random_array(seed, (n, c, size, size), np.float32, -4, 4), seed, SPECIALS)
+    w = random_array(seed + 1, (m, c, k, k), np.float32, -1, 1)
+    b = random_array(seed + 2, (m,), np.float32) if bias or epilogue else None
+    attrs = {"group": 1, "kernel_shape": (k, k), "strides": (s, s), "pads": (k // 2,) * 4,
+             **epilogue}
+    out = (size + 2 * (k // 2) - k) // s + 1
+    assert_split_equals_whole(x, w, b, attrs, (n, m, out, out))
+
+
 def test_the_split_is_planned_for_the_mobile_nets_launches(split_always) -> None:
     """1x1 over views of the input and depthwise on phase-split planes split; what they do not
     take (a strided 1x1's gathered pixels, a broadcast residual, a step no fused loop does, no
