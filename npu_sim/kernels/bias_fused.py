@@ -20,6 +20,7 @@ import numpy as np
 from numba import njit
 
 from ..epilogue import decode
+from .activations import full_params
 
 FusedLoop = Callable[[np.ndarray, np.ndarray], bool]
 
@@ -65,7 +66,7 @@ def fused_bias_loop(op: str, attrs: Mapping[str, Any]) -> FusedLoop | None:
     if len(steps) != 1 or not steps[0].gate:
         return None
     if steps[0].op == "HardSigmoid":
-        alpha, beta = (steps[0].params + (0.2, 0.5)[len(steps[0].params):])[:2]
+        alpha, beta = full_params("HardSigmoid", steps[0].params)
         return _checked(lambda rows, bias: _bias_hard_sigmoid_gate(rows, bias, alpha, beta))
     if steps[0].op == "Sigmoid":
         from .epilogue import bias_silu  # lazy: .epilogue imports .conv, which imports this

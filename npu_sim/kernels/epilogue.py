@@ -21,7 +21,7 @@ from numba import njit
 
 from ..epilogue import decode
 from ..errors import KernelError
-from .activations import apply_activation
+from .activations import apply_activation, full_params
 from .conv import scratch
 from .gemm import broadcasts_to
 
@@ -105,7 +105,7 @@ def apply_epilogue(op: str, y: np.ndarray, attrs: Mapping[str, Any],
             with np.errstate(all="ignore"):
                 _UFUNCS[step.op](y, other.astype(y.dtype, copy=False), out=y)
         elif step.gate and step.op == "HardSigmoid" and fast:
-            alpha, beta = (step.params + (0.2, 0.5)[len(step.params):])[:2]
+            alpha, beta = full_params("HardSigmoid", step.params)
             _hard_sigmoid_gate(y.reshape(-1), alpha, beta)
         elif step.gate and step.op == "Sigmoid" and fast:
             with np.errstate(all="ignore"):
