@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ..epilogue import input_scale
+from ..epilogue import decode, input_scale
 from ..errors import KernelError
 from . import blas, taps, unfold
 from .bias_fused import fused_bias_loop
@@ -454,6 +454,7 @@ def prepare_conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
     _bias("Conv", b, w.shape[0])
     into = computes_into(out, (x.shape[0], w.shape[0]) + win.out, dtype)
     fused = None if b is None else fused_bias_loop("Conv", attrs)
+    steps = decode("Conv", attrs)  # once: the run only applies them
     scaled = "input_scale" in attrs
     in_place = into is not None and x.dtype == np.float32 and x.flags.c_contiguous and \
         pointwise(group, win)
@@ -485,7 +486,7 @@ def prepare_conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
             if fused is not None and fused(y, bias):
                 return [landed(into, rounded(y, dtype))]
             add_bias(y, bias)
-        return [landed(into, finish(y, attrs, dtype, "Conv", inputs))]
+        return [landed(into, finish(y, attrs, dtype, "Conv", inputs, steps))]
 
     return run
 

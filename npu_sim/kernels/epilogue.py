@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from ..epilogue import decode
+from ..epilogue import Step, decode
 from ..errors import KernelError
 from .activations import apply_activation, full_params
 from .conv import scratch
@@ -88,10 +88,12 @@ def bias_silu(y: np.ndarray, bias: np.ndarray) -> None:
 
 
 def apply_epilogue(op: str, y: np.ndarray, attrs: Mapping[str, Any],
-                   inputs: Sequence[np.ndarray | None]) -> np.ndarray:
-    """``y`` (the kernel's own float32 buffer) after the epilogue in ``attrs``; in place where
-    the step allows. Operands must be float arrays broadcasting to ``y``'s shape."""
-    for step in decode(op, attrs):
+                   inputs: Sequence[np.ndarray | None],
+                   steps: Sequence[Step] | None = None) -> np.ndarray:
+    """``y`` (the kernel's own float32 buffer) after the epilogue in ``attrs`` (``steps``: it
+    decoded already, by a launch prepared once); in place where the step allows. Operands must
+    be float arrays broadcasting to ``y``'s shape."""
+    for step in decode(op, attrs) if steps is None else steps:
         fast = y.dtype == np.float32 and y.flags.c_contiguous and y.flags.writeable
         if step.operand >= 0:
             other = inputs[step.operand] if step.operand < len(inputs) else None
