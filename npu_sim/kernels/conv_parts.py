@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
 
 from ..epilogue import decode, input_scale
-from . import cores, taps
+from . import blas, cores, taps
 from .bias_fused import FusedLoop
 from .conv import Window, as5d, direct_fits, pointwise, pointwise_columns
 from .depthwise import tapped
@@ -52,6 +53,11 @@ EPILOGUE_WEIGHT = 20
 #: GEMM parts start at multiples of this many output channels (the AVX-512 sgemm kernel's block
 #: of rows), so each output row is computed by the same kernel block as in the unsplit GEMM.
 ALIGN = 16
+#: A GEMM splits only when every part keeps more than this many multiply-adds: OpenBLAS runs
+#: products of at most 100**3 on its small-matrix kernel, which sums in another order. Over 907
+#: random shapes split at a multiple of 16 rows or columns, every split with both parts above
+#: it gave the unsplit bits; 53 of 196 with a part at or below it did not.
+SMALL_GEMM = 100 ** 3
 #: A direct (image stem) convolution's parts start at multiples of this many output channels,
 #: the group :func:`.taps.direct` sums together.
 DIRECT_ALIGN = 4
@@ -97,6 +103,8 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
                                                               DEPTHWISE_WORK):
         return None
     edges = _edges(m, ALIGN if gemm else DIRECT_ALIGN if setup else 1)
+    if gemm and min(np.diff(edges)) * y.shape[2] * x.shape[1] <= SMALL_GEMM:
+        return None
 
     def part(k: int) -> None:
         lo, hi = edges[k], edges[k + 1]
@@ -117,7 +125,10 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
             return False
         if setup is not None:
             setup()
-        cores.split(len(edges) - 1, part)
+        # one BLAS thread per part, as blas.matmul runs its pieces: a threaded OpenBLAS call
+        # takes other kernels for the same product, and would change the bits
+        with nullcontext() if blas.held() else blas.one_thread():
+            cores.split(len(edges) - 1, part)
         return True
 
     return run
