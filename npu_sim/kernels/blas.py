@@ -8,8 +8,12 @@ stalls the whole GEMM for a scheduler tick: measured up to 100x slower than one 
 - a GEMM of fewer than :data:`SMALL_MACS` multiply-accumulates runs on one BLAS thread;
 - a larger one (:func:`matmul`) is split by output rows into :data:`PARTS` pieces, one per
   core, run by the calling thread and :mod:`.cores`' helper threads, each piece a one-thread
-  BLAS call (numpy releases the GIL): no BLAS thread spins waiting for another. Every output
-  element is the same dot product, in the same order, as without the split.
+  BLAS call (numpy releases the GIL): no BLAS thread spins waiting for another. Each output
+  element is the same dot product as without the split, but OpenBLAS may sum it in another
+  order, so not always to the same bits: it sends products of at most 100**3 MACs to another
+  kernel, and a split not at a multiple of 16 rows changes the kernel blocks (of 907 random
+  shapes split at multiples of 16 with both parts above 100**3, all kept the bits; 53 of 196
+  with a smaller part did not). :mod:`.conv_parts` splits only where both hold.
 
 A caller running many kernels (the firmware, for a whole program run) holds :func:`one_thread`
 around them all: raising the library's thread count again after every kernel woke OpenBLAS's
