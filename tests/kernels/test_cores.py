@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import threading
 
 import pytest
@@ -69,3 +71,17 @@ def test_splits_from_several_threads_at_once_all_complete() -> None:
     for thread in threads:
         thread.join()
     assert results == {t: [5] * 50 for t in range(3)}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_splits_with_helpers_of_its_own() -> None:
+    cores.split(4, lambda k: None)  # the parent's helpers exist before the fork
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        assert pool.apply(_split_in_child) == list(range(6))
+
+
+def _split_in_child() -> list[int]:
+    seen: list[int] = []
+    cores.split(6, seen.append)
+    return sorted(seen)
