@@ -22,8 +22,11 @@ def test_every_part_runs_once(parts: int) -> None:
 
 
 @pytest.mark.skipif(cores.THREADS < 2, reason="one core: no helper thread to meet")
-def test_a_helper_runs_parts_beside_the_caller() -> None:
-    """Part 0 waits until part 1 has started: only two threads at once get past it."""
+def test_a_helper_runs_parts_beside_the_caller(monkeypatch) -> None:
+    """Part 0 waits until part 1 has started: only two threads at once get past it (the host
+    is taken as idle, whatever else runs beside the tests)."""
+    monkeypatch.setattr(cores, "_others_running", lambda helpers: False)
+    _fresh(cores.team())
     started = threading.Event()
     threads: set[int] = set()
 
@@ -85,3 +88,48 @@ def _split_in_child() -> list[int]:
     seen: list[int] = []
     cores.split(6, seen.append)
     return sorted(seen)
+
+
+@pytest.mark.skipif(cores.THREADS < 2, reason="one core: no helper thread to meet")
+def test_late_helpers_make_the_next_splits_run_on_the_caller(monkeypatch) -> None:
+    """Every split counts as late (LATE 0): after STRIKES of them the next REST splits run all
+    their parts on the calling thread and the helpers stop spinning, then it tries again."""
+    helpers = cores.team()
+    _fresh(helpers)
+    monkeypatch.setattr(cores, "_others_running", lambda helpers: False)
+    monkeypatch.setattr(cores, "LATE", 0.0)
+    monkeypatch.setattr(cores, "REST", 3)
+    for _ in range(cores.STRIKES):
+        cores.split(2, lambda k: None)
+    assert helpers.rest == 3 and helpers.spin == 0
+    caller = threading.get_ident()
+    for _ in range(3):
+        threads: list[int] = []
+        cores.split(4, lambda k, seen=threads: seen.append(threading.get_ident()))
+        assert threads == [caller] * 4
+    assert helpers.rest == 0 and helpers.spin == cores.SPIN
+    _fresh(helpers)
+
+
+@pytest.mark.skipif(cores.THREADS < 2, reason="one core: no helper thread to meet")
+def test_a_busy_host_runs_the_next_splits_on_the_caller(monkeypatch) -> None:
+    """Another process holds a core: each split runs on the caller, and after STRIKES of them
+    so do the next REST, with the helpers not spinning."""
+    helpers = cores.team()
+    _fresh(helpers)
+    monkeypatch.setattr(cores, "_others_running", lambda helpers: True)
+    caller = threading.get_ident()
+    for n in range(cores.STRIKES):
+        threads: list[int] = []
+        cores.split(4, lambda k, seen=threads: seen.append(threading.get_ident()))
+        assert threads == [caller] * 4
+        assert (helpers.rest, helpers.spin) == ((cores.REST, 0) if n == cores.STRIKES - 1 else
+                                                (0, cores.SPIN))
+    _fresh(helpers)
+
+
+def _fresh(helpers) -> None:
+    """Helpers as after start: no late splits counted, no rest (earlier tests block parts on
+    purpose, which counts as late)."""
+    helpers.strikes = helpers.rest = 0
+    helpers.spin = cores.SPIN
