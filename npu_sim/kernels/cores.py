@@ -12,7 +12,9 @@ the gain on all but the largest launches. :func:`split` does better:
   the split never makes a launch much slower than running it whole;
 - after a job a helper spins on the job counter for :data:`SPIN` iterations (about 0.5 ms,
   ``pause`` between reads, the GIL released, in compiled code) before it blocks, so the next
-  large launch of the same run finds it awake: a handoff then costs a few microseconds.
+  large launch of the same run finds it awake: a handoff then costs a few microseconds;
+- on a busy host (another process running, or helpers that come late) splits run on the caller
+  and the helpers stop spinning for a while (:data:`LATE`).
 
 Each part is a range of output elements computed with exactly the arithmetic of the unsplit
 launch, so the values are the same bits whichever thread computes which part. A part must
