@@ -5,11 +5,14 @@ fused activation (SiLU, hard-swish, Relu), each a pass over an output of up to 4
 core EfficientNet's 16 to 96 channel 1x1 convolution of 112x112 took 1.6 ms (GEMM 0.49, bias
 0.15, exp 0.54, gate 0.39); onnxruntime runs it on both cores. :func:`plan` cuts such a launch
 into ranges of output channels, one per core (:func:`.cores.split`), and each part runs the
-whole launch for its channels, image by image: the GEMM of those weight rows (or the depthwise
-planes of those channels), then the bias and epilogue on those rows while they are its own.
-Every element gets exactly the arithmetic of the unsplit launch (the same dot product in the
-same order, the same float32 epilogue steps), so the values are the same bits; GEMM parts start
-at multiples of :data:`ALIGN` rows, so BLAS runs the same micro-kernel blocks as on the whole.
+whole launch for its channels, image by image: the GEMM of those weight rows (scaled by a
+squeeze-excite input scale first, if it has one), the depthwise planes of those channels, or an
+image stem's channels (:func:`.conv.direct_fits`), then the bias and epilogue (a fused gate or
+Relu, or a residual ``Add``) on those rows while they are its own. Every element gets exactly
+the arithmetic of the unsplit launch (the same dot product in the same order, the same float32
+epilogue steps), so the values are the same bits: GEMM parts start at multiples of
+:data:`ALIGN` rows, so BLAS runs the same micro-kernel blocks as on the whole, and stay above
+:data:`SMALL_GEMM`, off OpenBLAS's small-matrix kernel.
 
 Measured on 2 vCPUs (AMD EPYC Zen 4), one-thread BLAS, medians of 200: the 16 to 96 channel
 1x1 convolution with bias and SiLU 1.62 ms whole, 0.91 ms in two parts (four parts 0.99, eight
@@ -71,8 +74,9 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
     """A function computing the whole Conv launch of ``inputs`` (values, bias, epilogue) into
     ``into`` in parts over the cores, or None when the launch does not split. It splits when
     it is float32 with an ``into`` buffer and a contiguous input; a 1x1 convolution over views
-    of its input (its weights scaled per input channel or not: each part scales its own rows)
-    or a depthwise one on phase-split planes (:func:`.depthwise.tapped`); its bias and epilogue
+    of its input (its weights scaled per input channel or not: each part scales its own rows),
+    a depthwise one on phase-split planes (:func:`.depthwise.tapped`) or an image stem
+    (:func:`.conv.direct_fits`), neither with an input scale; its bias and epilogue
     done by ``fused``, or no fused activation and epilogue steps that are all ``Add`` or ``Mul``
     of a float32 operand of the output's shape; and at least :data:`SPLIT_WORK` (or
     :data:`DEPTHWISE_WORK`) of work. The function returns False (nothing written) when this
