@@ -248,13 +248,9 @@ def apply_activation(
     if name not in _ACTIVATIONS:
         raise KernelError(name, "", f"unknown activation {name!r}; supported: "
                                     f"{', '.join(ACTIVATIONS)}")
-    defaults, build = _ACTIVATIONS[name]
-    params = tuple(float(p) for p in params)
-    if len(params) > len(defaults):
-        raise KernelError(name, "", f"takes at most {len(defaults)} params, got {params}")
+    full, build = full_params(name, params), _ACTIVATIONS[name][1]
     if not isinstance(x, np.ndarray):
         raise KernelError(name, "", f"input must be a numpy array, got {type(x).__name__}")
-    full = params + defaults[len(params):]
     if x.dtype in INT_DTYPES and name in ("Relu", "Clip"):
         return _integer_activation(x, name, full)
     require_dtype(name, x, FLOAT_DTYPES)
@@ -280,6 +276,17 @@ def _integer_activation(x: np.ndarray, name: str, full: tuple[float, ...]) -> np
     lo, hi = (int(max(min(b, info.max), info.min)) if math.isfinite(b) else
               (info.min if b < 0 else info.max) for b in full)
     return np.asarray(np.minimum(np.maximum(x, x.dtype.type(lo)), x.dtype.type(hi)))
+
+
+def full_params(name: str, params: Sequence[float]) -> tuple[float, ...]:
+    """``params`` of activation ``name`` (a known one) as floats, the missing trailing ones
+    filled with the ONNX defaults of the module table (HardSigmoid: alpha 0.2, beta 0.5); too
+    many raise :class:`KernelError`."""
+    defaults = _ACTIVATIONS[name][0]
+    params = tuple(float(p) for p in params)
+    if len(params) > len(defaults):
+        raise KernelError(name, "", f"takes at most {len(defaults)} params, got {params}")
+    return params + defaults[len(params):]
 
 
 def activation_params(

@@ -20,11 +20,12 @@ import numpy as np
 from numba import njit
 
 from ..epilogue import decode
+from .activations import full_params
 
 FusedLoop = Callable[[np.ndarray, np.ndarray], bool]
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _bias_relu(y, b):  # pragma: no cover - numba
     for n in range(y.shape[0]):
         for m in range(y.shape[1]):
@@ -35,7 +36,7 @@ def _bias_relu(y, b):  # pragma: no cover - numba
                 row[p] = 0 if v < 0 else v  # NaN passes through, as the Relu kernel's loop
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _bias_hard_sigmoid_gate(y, b, alpha, beta):  # pragma: no cover - numba
     for n in range(y.shape[0]):
         for m in range(y.shape[1]):
@@ -65,7 +66,7 @@ def fused_bias_loop(op: str, attrs: Mapping[str, Any]) -> FusedLoop | None:
     if len(steps) != 1 or not steps[0].gate:
         return None
     if steps[0].op == "HardSigmoid":
-        alpha, beta = (steps[0].params + (0.2, 0.5)[len(steps[0].params):])[:2]
+        alpha, beta = full_params("HardSigmoid", steps[0].params)
         return _checked(lambda rows, bias: _bias_hard_sigmoid_gate(rows, bias, alpha, beta))
     if steps[0].op == "Sigmoid":
         from .epilogue import bias_silu  # lazy: .epilogue imports .conv, which imports this

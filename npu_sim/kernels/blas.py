@@ -7,9 +7,13 @@ stalls the whole GEMM for a scheduler tick: measured up to 100x slower than one 
 
 - a GEMM of fewer than :data:`SMALL_MACS` multiply-accumulates runs on one BLAS thread;
 - a larger one (:func:`matmul`) is split by output rows into :data:`PARTS` pieces, one per
-  core, run by a pool of as many threads, each piece a one-thread BLAS call (numpy releases
-  the GIL): no thread spins waiting for another. Every output element is the same dot
-  product, in the same order, as without the split.
+  core, run by the calling thread and :mod:`.cores`' helper threads, each piece a one-thread
+  BLAS call (numpy releases the GIL): no BLAS thread spins waiting for another. Each output
+  element is the same dot product as without the split, but OpenBLAS may sum it in another
+  order, so not always to the same bits: it sends products of at most 100**3 MACs to another
+  kernel, and a split not at a multiple of 16 rows changes the kernel blocks (of 907 random
+  shapes split at multiples of 16 with both parts above 100**3, all kept the bits; 53 of 196
+  with a smaller part did not). :mod:`.conv_parts` splits only where both hold.
 
 A caller running many kernels (the firmware, for a whole program run) holds :func:`one_thread`
 around them all: raising the library's thread count again after every kernel woke OpenBLAS's
@@ -22,20 +26,19 @@ jobs (load 6-9): light_resnet50 went from 1.9 s to 0.5-0.7 s per run, onnxruntim
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from functools import cache
 
 import numpy as np
 
+from . import cores
+
 SMALL_MACS = 1 << 22
 """GEMMs below this many MACs run whole on one BLAS thread (idle machine, medians of 15 runs:
 2**22 was 5-15% faster than 2**25 or 2**20 on ResNet-50, MobileNet-V3 and EfficientNet)."""
-THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-    (os.cpu_count() or 1)
+THREADS = cores.THREADS
 PARTS = THREADS
 """Pieces a large GEMM is split into: one per thread. Twice as many pieces (so a stalled
 thread's share is smaller) measured slower on light_resnet50 both idle (87-100 ms against
@@ -51,11 +54,6 @@ def _libraries() -> tuple:
     from threadpoolctl import ThreadpoolController
 
     return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
-
-
-@cache
-def _pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(THREADS, thread_name_prefix="npu_sim-blas")
 
 
 @contextmanager
@@ -79,10 +77,17 @@ def one_thread() -> Iterator[None]:
                     lib.set_num_threads(n)
 
 
+def held() -> bool:
+    """Whether a caller (the firmware, for a whole run) holds :func:`one_thread` already:
+    entering it again per GEMM cost 5-10 us of Python, a fifth of a mobile net's small 1x1
+    convolution."""
+    return _depth > 0
+
+
 @contextmanager
 def threads_for(macs: int) -> Iterator[None]:
     """Run the enclosed BLAS calls on one thread if ``macs`` is below :data:`SMALL_MACS`."""
-    if macs >= SMALL_MACS or _depth:  # _depth: a caller already holds one_thread()
+    if macs >= SMALL_MACS or held():
         yield
         return
     with one_thread():
@@ -97,15 +102,13 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
         out = np.empty(shape, np.result_type(a, b))
     rows = a.shape[-2]
     macs = out.size * a.shape[-1]
-    # _depth: a caller (the firmware, for a whole run) holds one_thread() already; entering it
-    # again per GEMM cost 5-10 us of Python, a fifth of a mobile net's small 1x1 convolution.
     if macs < SMALL_MACS or rows < 2 or THREADS < 2:
-        if _depth:
+        if held():
             return np.matmul(a, b, out=out)
         with threads_for(macs):
             return np.matmul(a, b, out=out)
     columns = out.shape[-1]
-    with nullcontext() if _depth else one_thread():
+    with nullcontext() if held() else one_thread():
         if b.ndim >= 2 and columns > rows:
             # A convolution's wide GEMM (few output channels, many pixels): split by columns,
             # so each thread streams only its share of the unfolded matrix, not all of it.
@@ -117,10 +120,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
 
 def spread(count: int, work: Callable[[int, int], object]) -> None:
     """``work(lo, hi)`` over :data:`PARTS` consecutive ranges covering ``range(count)``, taken by
-    the pool's threads as they come; ``work`` releases the GIL (a BLAS call)."""
+    the calling thread and the helper threads as they come (:func:`.cores.split`); ``work``
+    releases the GIL (a BLAS call)."""
     parts = max(1, min(PARTS, count))
-    edges = [count * k // parts for k in range(parts + 1)]
-    futures = [_pool().submit(work, edges[k], edges[k + 1]) for k in range(parts)
-               if edges[k + 1] > edges[k]]
-    for future in futures:
-        future.result()
+    cores.split(parts, lambda k: work(count * k // parts, count * (k + 1) // parts))

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ..epilogue import input_scale
+from ..epilogue import decode, input_scale
 from ..errors import KernelError
 from . import blas, taps, unfold
 from .bias_fused import fused_bias_loop
@@ -391,9 +391,8 @@ def direct_fits(c: int, w_shape: tuple[int, ...], win: Window, dtype: np.dtype) 
 
 def _direct(x: np.ndarray, w: np.ndarray, win: Window, y: np.ndarray) -> None:
     """:func:`direct_fits` convolution of ``x`` (N, C, H, W) into ``y`` (N, M, OH, OW): each
-    image split into its phases once, then its output channels. One thread: split over the
-    kernels' pool by output channels, MobileNet-V3's stem measured 310-440 against 283-290 us
-    whole (best of 50, three rounds)."""
+    image split into its phases once, then its output channels, on one thread (a prepared
+    launch with an output buffer splits by channels with its epilogue, :mod:`.conv_parts`)."""
     m = y.shape[1]
     k, s = win.kernel[0], win.strides[0]
     rows, pitch, span = taps.geometry(k, s, *win.out)
@@ -455,6 +454,7 @@ def prepare_conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
     _bias("Conv", b, w.shape[0])
     into = computes_into(out, (x.shape[0], w.shape[0]) + win.out, dtype)
     fused = None if b is None else fused_bias_loop("Conv", attrs)
+    steps = decode("Conv", attrs)  # once: the run only applies them
     scaled = "input_scale" in attrs
     in_place = into is not None and x.dtype == np.float32 and x.flags.c_contiguous and \
         pointwise(group, win)
@@ -466,8 +466,13 @@ def prepare_conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
         in_place = all(np.shares_memory(c, x) for c in columns)
 
     wide = dtype != np.float32  # float32 operands are computed on as they are
+    from .conv_parts import plan  # lazy: it builds on this module
+
+    parts = plan(inputs, attrs, group, win, into, fused)
 
     def run() -> list[np.ndarray]:
+        if parts is not None and parts():
+            return [into]
         bias = _bias("Conv", b, w.shape[0]) if wide else b
         w32 = to_compute("Conv", "W", w) if wide else w
         if scaled:
@@ -481,7 +486,7 @@ def prepare_conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
             if fused is not None and fused(y, bias):
                 return [landed(into, rounded(y, dtype))]
             add_bias(y, bias)
-        return [landed(into, finish(y, attrs, dtype, "Conv", inputs))]
+        return [landed(into, finish(y, attrs, dtype, "Conv", inputs, steps))]
 
     return run
 

@@ -26,9 +26,10 @@ above, which they measured faster (:data:`TAPPED_PIXELS`), as do other kernels, 
 
 A channel multiplier (``M = C * mult`` output channels) repeats every input channel ``mult``
 times first, so output channel ``m`` reads input channel ``m // mult`` as ONNX defines. Output
-rows are independent: a large convolution is split by rows over the kernels' thread pool
-(:func:`npu_sim.kernels.blas.spread`), whose threads wait without spinning; numba's own
-parallel loop fought OpenBLAS's spinning threads (measured slower end to end on ResNet-50).
+rows are independent: a large convolution is split by rows over the calling thread and the
+kernels' helper threads (:func:`npu_sim.kernels.blas.spread`); numba's own parallel loop fought
+OpenBLAS's spinning threads (measured slower end to end on ResNet-50). A prepared Conv on
+phase-split planes splits by channels with its epilogue instead (:mod:`.conv_parts`).
 The loop does the planar loop's float32 multiply-adds in the same order, so the values are the
 same bits as before: no fastmath.
 """
@@ -42,7 +43,7 @@ from numba import njit
 
 from . import blas, taps
 
-#: Depthwise convolutions of at least this many MACs run on the kernels' thread pool (smaller
+#: Depthwise convolutions of at least this many MACs run on the kernels' threads (smaller
 #: ones measured slower split than whole on a busy 2-core machine: 240 channels of 14x14, 5x5).
 SPLIT_MACS = 1 << 21
 
@@ -213,7 +214,7 @@ def depthwise(x5: np.ndarray, w5: np.ndarray, st3: np.ndarray, di3: np.ndarray,
 
 def _launch(loop, args: tuple, count: int, macs: int) -> None:
     """``loop(*args, lo, hi)`` over rows ``0..count``: whole below :data:`SPLIT_MACS`, else
-    split over the kernels' thread pool (:func:`npu_sim.kernels.blas.spread`)."""
+    split over the kernels' threads (:func:`npu_sim.kernels.blas.spread`)."""
     if macs < SPLIT_MACS:
         loop(*args, 0, count)
     else:

@@ -19,16 +19,16 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from ..epilogue import decode
+from ..epilogue import Step, decode
 from ..errors import KernelError
-from .activations import apply_activation
+from .activations import apply_activation, full_params
 from .conv import scratch
 from .gemm import broadcasts_to
 
 _UFUNCS = {"Add": np.add, "Mul": np.multiply}
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _hard_sigmoid_gate(y, alpha, beta):  # pragma: no cover - numba
     for i in range(y.size):
         v = alpha * y[i] + beta
@@ -37,13 +37,13 @@ def _hard_sigmoid_gate(y, alpha, beta):  # pragma: no cover - numba
         y[i] = y[i] * g
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _minus_abs(y, e):  # pragma: no cover - numba
     for i in range(y.size):
         e[i] = -abs(y[i])
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _sigmoid_gate(y, e):  # pragma: no cover - numba
     # e = exp(-|y|): the Sigmoid kernel's arithmetic, its float32 rounding, then the multiply.
     for i in range(y.size):
@@ -63,7 +63,7 @@ def _silu(y: np.ndarray) -> None:
     _sigmoid_gate(flat, e)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _bias_minus_abs(y, b, e):  # pragma: no cover - numba
     # y, e (N, M, P): y += b[m] (float32, as numpy's add), e = -|y|, in one pass.
     for n in range(y.shape[0]):
@@ -88,10 +88,12 @@ def bias_silu(y: np.ndarray, bias: np.ndarray) -> None:
 
 
 def apply_epilogue(op: str, y: np.ndarray, attrs: Mapping[str, Any],
-                   inputs: Sequence[np.ndarray | None]) -> np.ndarray:
-    """``y`` (the kernel's own float32 buffer) after the epilogue in ``attrs``; in place where
-    the step allows. Operands must be float arrays broadcasting to ``y``'s shape."""
-    for step in decode(op, attrs):
+                   inputs: Sequence[np.ndarray | None],
+                   steps: Sequence[Step] | None = None) -> np.ndarray:
+    """``y`` (the kernel's own float32 buffer) after the epilogue in ``attrs`` (``steps``: it
+    decoded already, by a launch prepared once); in place where the step allows. Operands must
+    be float arrays broadcasting to ``y``'s shape."""
+    for step in decode(op, attrs) if steps is None else steps:
         fast = y.dtype == np.float32 and y.flags.c_contiguous and y.flags.writeable
         if step.operand >= 0:
             other = inputs[step.operand] if step.operand < len(inputs) else None
@@ -105,7 +107,7 @@ def apply_epilogue(op: str, y: np.ndarray, attrs: Mapping[str, Any],
             with np.errstate(all="ignore"):
                 _UFUNCS[step.op](y, other.astype(y.dtype, copy=False), out=y)
         elif step.gate and step.op == "HardSigmoid" and fast:
-            alpha, beta = (step.params + (0.2, 0.5)[len(step.params):])[:2]
+            alpha, beta = full_params("HardSigmoid", step.params)
             _hard_sigmoid_gate(y.reshape(-1), alpha, beta)
         elif step.gate and step.op == "Sigmoid" and fast:
             with np.errstate(all="ignore"):

@@ -19,6 +19,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from ..epilogue import Step
 from ..errors import KernelError
 from . import blas
 from .registry import kernel
@@ -67,14 +68,16 @@ def fused_activation(y: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:
 
 
 def finish(y: np.ndarray, attrs: Mapping[str, Any], dtype: np.dtype, op: str = "",
-           inputs: Sequence[np.ndarray | None] = ()) -> np.ndarray:
-    """Fused activation and fused epilogue (:mod:`.epilogue`, reading ``inputs``) in float32,
-    then one rounding to the output ``dtype``."""
+           inputs: Sequence[np.ndarray | None] = (), steps: Sequence[Step] | None = None,
+           ) -> np.ndarray:
+    """Fused activation and fused epilogue (:mod:`.epilogue`, reading ``inputs``; ``steps``:
+    the epilogue already decoded from ``attrs``) in float32, then one rounding to the output
+    ``dtype``."""
     y = np.asarray(fused_activation(y, attrs))
     if "epilogue" in attrs:
         from .epilogue import apply_epilogue  # lazy: it imports the activations module
 
-        y = apply_epilogue(op, y, attrs, inputs)
+        y = apply_epilogue(op, y, attrs, inputs, steps)
     return rounded(y, dtype)
 
 

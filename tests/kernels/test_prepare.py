@@ -87,3 +87,20 @@ def test_preparing_refuses_what_the_values_function_refuses(operands, attrs):
     with pytest.raises(KernelError) as by_prepare:
         kernel.prepare(operands, dict(attrs))()
     assert str(by_prepare.value) == str(by_values.value)
+
+
+def test_a_prepared_conv_decodes_its_epilogue_once(monkeypatch) -> None:
+    """An epilogue no fused loop takes (a broadcast residual) is decoded when the launch is
+    prepared, not again on every run; the run applies it all the same."""
+    from npu_sim.kernels import epilogue
+
+    x = random_array(1, (1, 4, 5, 5), np.float32)
+    w = random_array(2, (6, 4, 1, 1), np.float32, -1, 1)
+    b = random_array(3, (6,), np.float32)
+    r = random_array(4, (1, 6, 1, 1), np.float32)
+    attrs = {"group": 1, **encode([Step("Add", operand=3)])}
+    conv = lookup("Conv")
+    run = conv.prepare([x, w, b, r], attrs, None)
+    want = conv.values([x, w, b, r], attrs)[0]
+    monkeypatch.setattr(epilogue, "decode", lambda *a: pytest.fail("decoded on a run"))
+    np.testing.assert_array_equal(run()[0], want)

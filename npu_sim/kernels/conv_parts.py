@@ -1,0 +1,239 @@
+"""Kernel helper: a large prepared convolution split by output channels over the host's cores.
+
+A mobile net's large launches are a 1x1 convolution or a depthwise one followed by its bias and
+fused activation (SiLU, hard-swish, Relu), each a pass over an output of up to 4.8 MB. On one
+core EfficientNet's 16 to 96 channel 1x1 convolution of 112x112 took 1.6 ms (GEMM 0.49, bias
+0.15, exp 0.54, gate 0.39); onnxruntime runs it on both cores. :func:`plan` cuts such a launch
+into ranges of output channels, one per core (:func:`.cores.split`), and each part runs the
+whole launch for its channels, image by image: the GEMM of those weight rows (scaled by a
+squeeze-excite input scale first, if it has one), the depthwise planes of those channels, or an
+image stem's channels (:func:`.conv.direct_fits`), then the bias and epilogue (a fused gate or
+Relu, or a residual ``Add``) on those rows while they are its own. Every element gets exactly
+the arithmetic of the unsplit launch (the same dot product in the same order, the same float32
+epilogue steps), so the values are the same bits: GEMM parts start at multiples of
+:data:`ALIGN` rows, so BLAS runs the same micro-kernel blocks as on the whole, and stay above
+:data:`SMALL_GEMM`, off OpenBLAS's small-matrix kernel.
+
+Measured on 2 vCPUs (AMD EPYC Zen 4), one-thread BLAS, medians of 200: the 16 to 96 channel
+1x1 convolution with bias and SiLU 1.62 ms whole, 0.91 ms in two parts (four parts 0.99, eight
+2.3: each part's few numpy and numba calls take and release the GIL, and with many small
+parts the two threads queue for it). Cutting the output into cache-sized column tiles instead
+was slower (1.8-2.4 ms in two threads): a column tile of an (M, pixels) output is a strided
+view, whose epilogue loops do not vectorise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import numpy as np
+
+from ..epilogue import decode, input_scale
+from . import blas, cores, taps
+from .bias_fused import FusedLoop
+from .conv import Window, as5d, direct_fits, pointwise, pointwise_columns
+from .depthwise import tapped
+
+_UFUNCS = {"Add": np.add, "Mul": np.multiply}
+
+#: A 1x1 convolution splits when its multiply-adds plus :data:`EPILOGUE_WEIGHT` per output
+#: element reach this much work, a depthwise one at :data:`DEPTHWISE_WORK` (its multiply-adds
+#: run several times slower than a GEMM's). Median of 200 launches, 50 us of Python between
+#: them, whole against split: 1x1 16 to 96 channels of 112x112 with SiLU (41M) 1522 against
+#: 1062 us, 40 to 240 of 28x28 SiLU (10.8M) 361 against 248, 112 to 672 of 14x14 SiLU (16.6M)
+#: 336 against 263, but 16 to 72 of 56x56 Relu (7.8M) 108 against 134 and 576 to 96 of 7x7
+#: (2.7M) 72 against 79; depthwise 144 of 56x56 3x3 SiLU (12.5M) 720 against 447, 72 of 56x56
+#: 3x3 stride 2 Relu (1.6M) 169 against 134, 240 of 14x14 5x5 hard-swish (2.0M) 150 against
+#: 129, but 16 of 112x112 3x3 stride 2 Relu (1.4M) 123 against 121.
+SPLIT_WORK = 1 << 23
+DEPTHWISE_WORK = 3 << 19
+#: Multiply-adds an output element's bias and epilogue cost, for :data:`SPLIT_WORK` (a SiLU
+#: element about as long as 20 multiply-adds of a one-thread GEMM).
+EPILOGUE_WEIGHT = 20
+#: GEMM parts start at multiples of this many output channels (the AVX-512 sgemm kernel's block
+#: of rows), so each output row is computed by the same kernel block as in the unsplit GEMM.
+ALIGN = 16
+#: A GEMM splits only when every part keeps more than this many multiply-adds: OpenBLAS runs
+#: products of at most 100**3 on its small-matrix kernel, which sums in another order. Over 907
+#: random shapes split at a multiple of 16 rows or columns, every split with both parts above
+#: it gave the unsplit bits; 53 of 196 with a part at or below it did not.
+SMALL_GEMM = 100 ** 3
+#: A direct (image stem) convolution's parts start at multiples of this many output channels,
+#: the group :func:`.taps.direct` sums together.
+DIRECT_ALIGN = 4
+
+Part = Callable[[int, int, int], object]
+
+
+def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: int,
+         win: Window, into: np.ndarray | None,
+         fused: FusedLoop | None) -> Callable[[], bool] | None:
+    """A function computing the whole Conv launch of ``inputs`` (values, bias, epilogue) into
+    ``into`` in parts over the cores, or None when the launch does not split. It splits when
+    it is float32 with an ``into`` buffer and a contiguous input; a 1x1 convolution over views
+    of its input (its weights scaled per input channel or not: each part scales its own rows),
+    a depthwise one on phase-split planes (:func:`.depthwise.tapped`) or an image stem
+    (:func:`.conv.direct_fits`), neither with an input scale; its bias and epilogue
+    done by ``fused``, or no fused activation and epilogue steps that are all ``Add`` or ``Mul``
+    of a float32 operand of the output's shape; and at least :data:`SPLIT_WORK` (or
+    :data:`DEPTHWISE_WORK`) of work. The function returns False (nothing written) when this
+    run's values rule the split out (non-finite depthwise weights): the caller runs it whole."""
+    x, w = inputs[0], inputs[1]
+    b = inputs[2] if len(inputs) > 2 else None
+    if into is None or x is None or w is None or x.dtype != np.float32 or \
+            w.dtype != np.float32 or not x.flags.c_contiguous or not w.flags.c_contiguous or \
+            (b is not None and b.dtype != np.float32):
+        return None
+    steps = _operand_steps(inputs, attrs, into.shape) if fused is None else ()
+    if steps is None or (fused is not None and b is None):
+        return None
+    n, m = into.shape[:2]
+    y = into.reshape(n, m, -1)
+    gemm, setup = pointwise(group, win), None
+    if gemm:
+        compute, macs = _pointwise(inputs, attrs, win, y), y.size * x.shape[1]
+    elif "input_scale" in attrs:
+        return None
+    elif group > 1 and w.shape[1] == 1:
+        compute, macs = _depthwise(x, w, win, into), y.size * math.prod(win.kernel)
+    elif group == 1 and direct_fits(x.shape[1], w.shape, win, x.dtype):
+        (setup, compute), macs = _direct(x, w, win, into), w.size * y.size // m
+    else:
+        return None
+    if compute is None or macs + EPILOGUE_WEIGHT * y.size < (SPLIT_WORK if gemm else
+                                                              DEPTHWISE_WORK):
+        return None
+    edges = _edges(m, ALIGN if gemm else DIRECT_ALIGN if setup else 1)
+    if gemm and min(np.diff(edges)) * y.shape[2] * x.shape[1] <= SMALL_GEMM:
+        return None
+
+    def part(k: int) -> None:
+        lo, hi = edges[k], edges[k + 1]
+        for i in range(n):
+            compute(i, lo, hi)
+            rows = y[i:i + 1, lo:hi]
+            if fused is not None:
+                fused(rows, b[lo:hi])  # float32, contiguous: always applies
+                continue
+            if b is not None:
+                np.add(rows, b[lo:hi, None], out=rows)
+            for ufunc, operand in steps:
+                with np.errstate(all="ignore"):  # as apply_epilogue's binary steps
+                    ufunc(rows, operand[i:i + 1, lo:hi], out=rows)
+
+    def run() -> bool:
+        if not gemm and not np.isfinite(w).all():  # padding would multiply inf by 0
+            return False
+        if setup is not None:
+            setup()
+        # one BLAS thread per part, as blas.matmul runs its pieces: a threaded OpenBLAS call
+        # takes other kernels for the same product, and would change the bits
+        with nullcontext() if blas.held() else blas.one_thread():
+            cores.split(len(edges) - 1, part)
+        return True
+
+    return run
+
+
+def _operand_steps(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
+                   shape: tuple[int, ...]) -> list[tuple[np.ufunc, np.ndarray]] | None:
+    """The epilogue as (ufunc, operand viewed as (N, M, pixels)) pairs when it has no fused
+    activation and only ``Add`` and ``Mul`` steps with float32 operands of the output's shape
+    (a residual); else None."""
+    if attrs.get("activation"):
+        return None
+    steps = []
+    for step in decode("Conv", attrs):
+        other = inputs[step.operand] if 0 <= step.operand < len(inputs) else None
+        if step.op not in _UFUNCS or other is None or other.shape != shape or \
+                other.dtype != np.float32 or not other.flags.c_contiguous:
+            return None
+        steps.append((_UFUNCS[step.op], other.reshape(shape[0], shape[1], -1)))
+    return steps
+
+
+def _edges(m: int, align: int) -> list[int]:
+    """Channel boundaries cutting ``m`` into :data:`.cores.THREADS` ranges, inner boundaries at
+    multiples of ``align`` (fewer ranges when ``m`` is too small for that)."""
+    blocks = -(-m // align)
+    count = max(1, min(cores.THREADS, blocks))
+    inner = sorted({min(m, blocks * k // count * align) for k in range(1, count)} - {0, m})
+    return [0, *inner, m]
+
+
+def _pointwise(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], win: Window,
+               y: np.ndarray) -> Part | None:
+    """Part ``(image, lo, hi)`` of a 1x1 convolution: weight rows ``lo..hi`` (times the input
+    scale, into a buffer of the launch's own, as :func:`.conv._scaled_weights` multiplies) times
+    the image's pixel columns, when those are views of ``x`` (strided pixels are gathered into
+    a copy made per run: then None) and the scale is one float32 per input channel."""
+    x, w = inputs[0], inputs[1]
+    columns = pointwise_columns(as5d(x), win)
+    if not all(np.shares_memory(c, x) for c in columns):
+        return None
+    w2 = w.reshape(w.shape[0], -1)
+    index = input_scale("Conv", attrs)
+    if index < 0:
+        def compute(i: int, lo: int, hi: int) -> None:
+            with np.errstate(all="ignore"):  # inf/NaN inputs give inf/NaN, not warnings
+                np.matmul(w2[lo:hi], columns[i], out=y[i, lo:hi])
+
+        return compute
+    s = inputs[index] if index < len(inputs) else None
+    axis = -1 if s is None else s.ndim - w.ndim + 1  # the channel axis, as _scaled_weights
+    if s is None or s.dtype != np.float32 or s.size != w2.shape[1] or \
+            not 0 <= axis < s.ndim or s.shape[axis] != s.size:
+        return None  # the whole launch checks and names what is wrong
+    scale, scaled = s.reshape(1, -1), np.empty_like(w2)
+
+    def compute_scaled(i: int, lo: int, hi: int) -> None:
+        with np.errstate(all="ignore"):
+            if i == 0:  # a part's images come in order: its rows once, before the first
+                np.multiply(w2[lo:hi], scale, out=scaled[lo:hi])
+            np.matmul(scaled[lo:hi], columns[i], out=y[i, lo:hi])
+
+    return compute_scaled
+
+
+def _depthwise(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarray) -> Part | None:
+    """Part ``(image, lo, hi)`` of a depthwise convolution on phase-split planes: output planes
+    ``lo..hi`` of the image (:func:`.taps.depthwise`), when its geometry takes that path."""
+    x5, w5 = as5d(x), as5d(w)
+    k3, st3, di3, pb3 = win.as3()
+    out3 = (1,) * (3 - len(win.out)) + win.out
+    if not tapped(x5, w5, st3, di3, pb3, out3):
+        return None
+    m, k, s = w.shape[0], int(k3[2]), int(st3[2])
+    rows, pitch, _ = taps.geometry(k, s, out3[1], out3[2])
+    args = (x5[:, :, 0], w5.reshape(m, k * k), s, int(pb3[1]), int(pb3[2]), rows, pitch,
+            taps.offsets(k, s, rows, pitch), into.reshape(x.shape[0], m, *out3[1:]))
+
+    def compute(i: int, lo: int, hi: int) -> None:
+        taps.depthwise(*args, i * m + lo, i * m + hi)
+
+    return compute
+
+
+def _direct(x: np.ndarray, w: np.ndarray, win: Window,
+            into: np.ndarray) -> tuple[Callable[[], None], Part]:
+    """Setup and part ``(image, lo, hi)`` of a direct convolution (an image stem,
+    :func:`.conv.direct_fits`): each run splits every image into its phases once (the setup, on
+    the calling thread), then a part computes output channels ``lo..hi`` of an image from them
+    (:func:`.taps.direct`), as :func:`.conv._direct` does for all of them."""
+    n, c, m = x.shape[0], x.shape[1], w.shape[0]
+    k, s = win.kernel[0], win.strides[0]
+    rows, pitch, span = taps.geometry(k, s, *win.out)
+    o, wk, size = taps.offsets(k, s, rows, pitch), w.reshape(m, c, k * k), s * s * rows * pitch
+    flats: list[np.ndarray] = []
+
+    def setup() -> None:
+        flats[:] = [taps.phases(x[i], s, win.pads_begin[0], win.pads_begin[1], rows, pitch,
+                                taps.rounded(span)) for i in range(n)]
+
+    def compute(i: int, lo: int, hi: int) -> None:
+        taps.direct(flats[i], size, pitch, o, wk[lo:hi], into[i, lo:hi])
+
+    return setup, compute

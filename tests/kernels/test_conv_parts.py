@@ -1,0 +1,188 @@
+"""A prepared Conv split by output channels over the cores (conv_parts): the bits of the launch
+run whole, for 1x1 and depthwise convolutions with every fused epilogue it takes, and
+onnxruntime's values. The work thresholds are forced to 0 so small shapes take the split."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from ortref import run_ort
+
+from kernels import random_array, seeds, with_specials
+from npu_sim.epilogue import Step, encode
+from npu_sim.kernels import conv_parts
+from npu_sim.kernels.conv import prepare_conv
+
+EPILOGUES = [{}, {"activation": "Relu"}, encode([Step("Sigmoid", gate=True)]),
+             encode([Step("HardSigmoid", gate=True, params=(1 / 6, 0.5))])]
+SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e30, -1e30]
+
+
+@pytest.fixture
+def split_always(monkeypatch):
+    monkeypatch.setattr(conv_parts, "SPLIT_WORK", 0)
+    monkeypatch.setattr(conv_parts, "DEPTHWISE_WORK", 0)
+
+
+def launches(x, w, b, attrs, out_shape, extra=()):
+    """The launch prepared whole (thresholds out of reach) and split (thresholds 0), each with
+    its own output buffer; the split one is checked to be planned."""
+    outs = [np.full(out_shape, np.nan, np.float32) for _ in range(2)]
+    inputs = [x, w, b, *extra] if extra else [x, w] + ([] if b is None else [b])
+    prepared = []
+    for work in (1 << 62, 0):
+        planned = []
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(conv_parts, "SPLIT_WORK", work)
+            mp.setattr(conv_parts, "DEPTHWISE_WORK", work)
+            mp.setattr(conv_parts, "plan", lambda *a, p=conv_parts.plan, log=planned:
+                       log.append(p(*a)) or log[-1])
+            prepared.append(prepare_conv(inputs, attrs, [outs[len(prepared)]]))
+        assert planned[0] is None or work == 0
+    return prepared[0], prepared[1], outs, planned[0] is not None
+
+
+def assert_split_equals_whole(x, w, b, attrs, out_shape, extra=(), *, planned=True):
+    """The split launch gives the whole one's bits; it must have been planned, or (GEMMs, whose
+    parts must stay off OpenBLAS's small-matrix kernel) only the drawn shapes that allow it
+    count."""
+    whole, split, (want, got), was = launches(x, w, b, attrs, out_shape, extra)
+    if planned:
+        assert was
+    else:
+        assume(was)
+    with np.errstate(all="ignore"):
+        whole()
+        result = split()[0]
+    assert result is got
+    np.testing.assert_array_equal(got, want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 2), c=st.integers(16, 48), m=st.integers(32, 96), h=st.integers(40, 80),
+       w_=st.integers(40, 80), bias=st.booleans(), epilogue=st.sampled_from(EPILOGUES),
+       seed=seeds)
+def test_a_split_1x1_conv_gives_the_bits_of_the_whole_launch(n, c, m, h, w_, bias, epilogue,
+                                                            seed):
+    x = with_specials(random_array(seed, (n, c, h, w_), np.float32, -4, 4), seed, SPECIALS)
+    w = random_array(seed + 1, (m, c, 1, 1), np.float32, -1, 1)
+    b = random_array(seed + 2, (m,), np.float32) if bias or epilogue else None
+    attrs = {"group": 1, "kernel_shape": (1, 1), **epilogue}
+    assert_split_equals_whole(x, w, b, attrs, (n, m, h, w_), planned=False)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 2), c=st.integers(200, 600), m=st.integers(32, 80),
+       pixels=st.integers(150, 400), bias=st.booleans(), residual=st.booleans(), seed=seeds)
+def test_a_split_squeeze_excite_projection_gives_the_bits_of_the_whole_launch(
+        n, c, m, pixels, bias, residual, seed):
+    """A 1x1 convolution reading the squeeze-excite scale (its weights scaled per input channel,
+    each part its own rows) and adding the residual."""
+    x = random_array(seed, (n, c, pixels, 1), np.float32, -4, 4)
+    w = random_array(seed + 1, (m, c, 1, 1), np.float32, -1, 1)
+    b = random_array(seed + 2, (m,), np.float32) if bias else None
+    scale = random_array(seed + 3, (1, c, 1, 1), np.float32, 0, 1)
+    r = with_specials(random_array(seed + 4, (n, m, pixels, 1), np.float32), seed, SPECIALS)
+    attrs = {"group": 1, "kernel_shape": (1, 1), "input_scale": 3,
+             **(encode([Step("Add", operand=4)]) if residual else {})}
+    assert_split_equals_whole(x, w, b, attrs, (n, m, pixels, 1), (scale, r), planned=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 2), c=st.integers(2, 20), mult=st.integers(1, 2),
+       k=st.sampled_from([3, 5]), s=st.integers(1, 2), size=st.integers(0, 12), bias=st.booleans(),
+       epilogue=st.sampled_from(EPILOGUES), seed=seeds)
+def test_a_split_depthwise_conv_gives_the_bits_of_the_whole_launch(n, c, mult, k, s, size, bias,
+                                                                  epilogue, seed):
+    """Output planes of 14x14 and more (28x28 at stride 2) run on phase-split planes."""
+    size += 14 * s
+    x = with_specials(random_array(seed, (n, c, size * s, size * s), np.float32, -4, 4), seed,
+                      SPECIALS)
+    w = random_array(seed + 1, (c * mult, 1, k, k), np.float32, -1, 1)
+    b = random_array(seed + 2, (c * mult,), np.float32) if bias or epilogue else None
+    attrs = {"group": c, "kernel_shape": (k, k), "strides": (s, s), "pads": (k // 2,) * 4,
+             **epilogue}
+    out = (size * s + 2 * (k // 2) - k) // s + 1
+    assert_split_equals_whole(x, w, b, attrs, (n, c * mult, out, out))
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 2), c=st.integers(1, 4), m=st.integers(1, 40), k=st.sampled_from([3, 5]),
+       s=st.integers(1, 2), size=st.integers(5, 40), bias=st.booleans(),
+       epilogue=st.sampled_from(EPILOGUES), seed=seeds)
+def test_a_split_image_stem_gives_the_bits_of_the_whole_launch(n, c, m, k, s, size, bias,
+                                                              epilogue, seed):
+    """A direct convolution of 1 to 4 input channels (an image stem), split by output channels
+    in groups of four as :func:`npu_sim.kernels.taps.direct` sums them."""
+    x = with_specials(random_array(seed, (n, c, size, size), np.float32, -4, 4), seed, SPECIALS)
+    w = random_array(seed + 1, (m, c, k, k), np.float32, -1, 1)
+    b = random_array(seed + 2, (m,), np.float32) if bias or epilogue else None
+    attrs = {"group": 1, "kernel_shape": (k, k), "strides": (s, s), "pads": (k // 2,) * 4,
+             **epilogue}
+    out = (size + 2 * (k // 2) - k) // s + 1
+    assert_split_equals_whole(x, w, b, attrs, (n, m, out, out))
+
+
+def test_the_split_is_planned_for_the_mobile_nets_launches(split_always) -> None:
+    """1x1 over views of the input and depthwise on phase-split planes split; what they do not
+    take (a strided 1x1's gathered pixels, a broadcast residual, a step no fused loop does, no
+    output buffer, GEMM parts small enough for OpenBLAS's small-matrix kernel) does not."""
+    x = np.zeros((1, 64, 64, 64), np.float32)
+    w1, wd, b = np.zeros((32, 64, 1, 1), np.float32), np.zeros((64, 1, 3, 3), np.float32), \
+        np.zeros(64, np.float32)
+    one, dw = {"group": 1, "kernel_shape": (1, 1)}, {"group": 64, "pads": (1, 1, 1, 1)}
+    residual = {**one, **encode([Step("Add", operand=3)])}
+
+    def planned(inputs, attrs, *, into=True):
+        group, win, out = _window(inputs[0], inputs[1], attrs)
+        return conv_parts.plan(inputs, attrs, group, win, out if into else None, None)
+
+    assert planned([x, w1, b[:32]], one) is not None
+    assert planned([x, wd, b], dw) is not None
+    assert planned([x, w1, b[:32], np.zeros((1, 32, 64, 64), np.float32)], residual) is not None
+    assert planned([x, w1, b[:32], np.zeros((1, 32, 1, 1), np.float32)], residual) is None
+    # a part of 16 rows x 64 channels x 900 pixels would run on the small-matrix kernel
+    small = np.zeros((1, 64, 30, 30), np.float32)
+    assert planned([small, w1, b[:32]], one) is None
+    assert planned([x, w1, b[:32]], {**one, "strides": (2, 2)}) is None
+    assert planned([x, w1, b[:32]], {**one, **encode([Step("Sigmoid", gate=True)])}) is None
+    assert planned([x, w1, b[:32]], one, into=False) is None
+
+
+def _window(x, w, attrs):
+    from npu_sim.kernels.conv import geometry
+
+    group, win = geometry(x.shape, w.shape, attrs)
+    return group, win, np.empty((x.shape[0], w.shape[0], *win.out), np.float32)
+
+
+def test_non_finite_depthwise_weights_run_the_launch_whole() -> None:
+    """Phase-split planes multiply the padding by the weights; an inf weight there would make
+    NaN where the loop skipping padded taps makes inf: that run goes whole."""
+    x = random_array(1, (1, 4, 16, 16), np.float32)
+    w = random_array(2, (4, 1, 3, 3), np.float32)
+    b = random_array(3, (4,), np.float32)
+    attrs = {"group": 4, "pads": (1, 1, 1, 1), **encode([Step("Sigmoid", gate=True)])}
+    whole, split, (want, got), _ = launches(x, w, b, attrs, (1, 4, 16, 16))
+    w[2, 0, 0, 0] = np.inf  # a value of this run, after planning
+    with np.errstate(all="ignore"):
+        whole()
+        split()
+    np.testing.assert_array_equal(got, want)
+    assert np.isinf(got[0, 2]).any()
+
+
+@pytest.mark.parametrize("shape, weight, group", [
+    ((1, 16, 28, 28), (96, 16, 1, 1), 1), ((2, 24, 20, 20), (24, 1, 5, 5), 24)])
+def test_a_split_conv_with_silu_matches_onnxruntime(split_always, shape, weight, group):
+    x = random_array(1, shape, np.float32)
+    w = random_array(2, weight, np.float32, -1, 1)
+    b = random_array(3, weight[:1], np.float32)
+    conv = {"group": group, "kernel_shape": weight[2:], "pads": (weight[2] // 2,) * 4}
+    out = np.empty((shape[0], weight[0], *shape[2:]), np.float32)
+    got = prepare_conv([x, w, b], {**conv, **encode([Step("Sigmoid", gate=True)])}, [out])()[0]
+    y = run_ort("Conv", [x, w, b], conv)[0]
+    want = run_ort("Mul", [y, run_ort("Sigmoid", [y])[0]])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,135 @@
+"""cores.split: every part once, on the caller and the helper threads, errors handed back."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from npu_sim.kernels import cores
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 40))
+def test_every_part_runs_once(parts: int) -> None:
+    seen: list[int] = []
+    cores.split(parts, seen.append)  # list.append is atomic under the GIL
+    assert sorted(seen) == list(range(parts))
+
+
+@pytest.mark.skipif(cores.THREADS < 2, reason="one core: no helper thread to meet")
+def test_a_helper_runs_parts_beside_the_caller(monkeypatch) -> None:
+    """Part 0 waits until part 1 has started: only two threads at once get past it (the host
+    is taken as idle, whatever else runs beside the tests)."""
+    monkeypatch.setattr(cores, "_others_running", lambda helpers: False)
+    _fresh(cores.team())
+    started = threading.Event()
+    threads: set[int] = set()
+
+    def part(k: int) -> None:
+        threads.add(threading.get_ident())
+        if k == 1:
+            started.set()
+        elif not started.wait(10):
+            raise AssertionError("part 1 never ran beside part 0")
+
+    cores.split(2, part)
+    assert len(threads) == 2
+
+
+def test_an_error_in_a_part_reaches_the_caller_and_the_next_split_works() -> None:
+    def part(k: int) -> None:
+        if k == 3:
+            raise ValueError("part 3")
+
+    with pytest.raises(ValueError, match="part 3"):
+        cores.split(8, part)
+    seen: list[int] = []
+    cores.split(8, seen.append)
+    assert sorted(seen) == list(range(8))
+
+
+def test_a_split_inside_a_part_runs_serially() -> None:
+    inner: list[tuple[int, int]] = []
+    cores.split(4, lambda k: cores.split(3, lambda j: inner.append((k, j))))
+    assert sorted(inner) == [(k, j) for k in range(4) for j in range(3)]
+
+
+def test_splits_from_several_threads_at_once_all_complete() -> None:
+    results: dict[int, list[int]] = {}
+
+    def caller(t: int) -> None:
+        for _ in range(50):
+            seen: list[int] = []
+            cores.split(5, seen.append)
+            results.setdefault(t, []).append(len(seen))
+
+    threads = [threading.Thread(target=caller, args=(t,)) for t in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == {t: [5] * 50 for t in range(3)}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_splits_with_helpers_of_its_own() -> None:
+    cores.split(4, lambda k: None)  # the parent's helpers exist before the fork
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        assert pool.apply(_split_in_child) == list(range(6))
+
+
+def _split_in_child() -> list[int]:
+    seen: list[int] = []
+    cores.split(6, seen.append)
+    return sorted(seen)
+
+
+@pytest.mark.skipif(cores.THREADS < 2, reason="one core: no helper thread to meet")
+def test_late_helpers_make_the_next_splits_run_on_the_caller(monkeypatch) -> None:
+    """Every split counts as late (LATE 0): after STRIKES of them the next REST splits run all
+    their parts on the calling thread and the helpers stop spinning, then it tries again."""
+    helpers = cores.team()
+    _fresh(helpers)
+    monkeypatch.setattr(cores, "_others_running", lambda helpers: False)
+    monkeypatch.setattr(cores, "LATE", 0.0)
+    monkeypatch.setattr(cores, "REST", 3)
+    for _ in range(cores.STRIKES):
+        cores.split(2, lambda k: None)
+    assert helpers.rest == 3 and helpers.spin == 0
+    caller = threading.get_ident()
+    for _ in range(3):
+        threads: list[int] = []
+        cores.split(4, lambda k, seen=threads: seen.append(threading.get_ident()))
+        assert threads == [caller] * 4
+    assert helpers.rest == 0 and helpers.spin == cores.SPIN
+    _fresh(helpers)
+
+
+@pytest.mark.skipif(cores.THREADS < 2, reason="one core: no helper thread to meet")
+def test_a_busy_host_runs_the_next_splits_on_the_caller(monkeypatch) -> None:
+    """Another process holds a core: each split runs on the caller, and after STRIKES of them
+    so do the next REST, with the helpers not spinning."""
+    helpers = cores.team()
+    _fresh(helpers)
+    monkeypatch.setattr(cores, "_others_running", lambda helpers: True)
+    caller = threading.get_ident()
+    for n in range(cores.STRIKES):
+        threads: list[int] = []
+        cores.split(4, lambda k, seen=threads: seen.append(threading.get_ident()))
+        assert threads == [caller] * 4
+        assert (helpers.rest, helpers.spin) == ((cores.REST, 0) if n == cores.STRIKES - 1 else
+                                                (0, cores.SPIN))
+    _fresh(helpers)
+
+
+def _fresh(helpers) -> None:
+    """Helpers as after start: no late splits counted, no rest (earlier tests block parts on
+    purpose, which counts as late)."""
+    helpers.strikes = helpers.rest = 0
+    helpers.spin = cores.SPIN
