@@ -41,6 +41,7 @@ better. With the other core kept busy by a spinning process, the split launches 
 from __future__ import annotations
 
 import os
+import platform
 import threading
 import time
 from collections.abc import Callable
@@ -91,13 +92,22 @@ def _fetch_add(typingctx, array, index):  # pragma: no cover - compiled
     return array.dtype(array, index), codegen
 
 
+#: The spin-wait hint of this CPU's instruction set, as an LLVM intrinsic (none known: the spin
+#: loops run without one).
+_PAUSE = {"x86_64": "llvm.x86.sse2.pause", "amd64": "llvm.x86.sse2.pause",
+          "i386": "llvm.x86.sse2.pause", "i686": "llvm.x86.sse2.pause"
+          }.get(platform.machine().lower())
+
+
 @intrinsic
 def _pause(typingctx):  # pragma: no cover - compiled
-    """The x86 spin-wait hint (yields the core's pipeline to its sibling, saves power)."""
+    """The spin-wait hint (x86 ``pause``: yields the core's pipeline to its sibling, saves
+    power); nothing on other CPUs, whose LLVM has no x86 intrinsics."""
     def codegen(context, builder, signature, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
-                                            "llvm.x86.sse2.pause")
-        builder.call(fn, [])
+        if _PAUSE is not None:
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), []), _PAUSE)
+            builder.call(fn, [])
         return context.get_dummy_value()
     return types.void(), codegen
 
