@@ -426,6 +426,14 @@ class LoadedProgram:
             del ready[t]  # landed: later runs need not wait or depend on it
 
     @property
+    def replayable(self) -> bool:
+        """Whether every pair of conflicting kernels is ordered by dependencies
+        (:func:`.replay.replayable`; worked out once)."""
+        if self._replayable is None:
+            self._replayable = replay.replayable(self)
+        return self._replayable
+
+    @property
     def relocated_commands(self) -> bytes:
         """The command stream with absolute addresses, as the firmware runs it."""
         return pack(self.commands)
@@ -462,9 +470,7 @@ class LoadedProgram:
         if schedule is not None and _replayed(schedule, self, host_in, host_out):
             self.last_run_cycles = schedule.cycles
             return list(host_out) if functional else [None] * len(host_out)
-        if self._replayable is None:
-            self._replayable = replay.replayable(self)
-        before = replay.Schedule.begin(self, queue) if self._replayable and self.replay and \
+        before = replay.Schedule.begin(self, queue) if self.replayable and self.replay and \
             schedule is None and not partial else None
         used = {c.semaphore for c in self.commands if isinstance(c, (Signal, Wait))}
         fw.reset_semaphores(sorted(used))

@@ -3,9 +3,9 @@
 :func:`pruned` keeps the KERNEL commands that write the bytes of the wanted outputs and the
 backward closure of their dependencies; every other command becomes a NOP with no dependencies,
 so command ids (and the dependencies of what is kept) stay valid. It prunes only streams whose
-conflicting kernels are all ordered by dependencies (:func:`.replay.replayable`) and that hold
-no BARRIER: there a kept kernel's dependencies include every earlier writer of what it reads,
-so its values are the full run's bit for bit. Any other stream is returned whole.
+conflicting kernels are all ordered by dependencies (:attr:`.LoadedProgram.replayable`) and
+that hold no BARRIER: there a kept kernel's dependencies include every earlier writer of what
+it reads, so its values are the full run's bit for bit. Any other stream is returned whole.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
-from . import replay
 from .commands import Command, Kernel, Nop
 from .program import Region
 
@@ -25,7 +24,7 @@ def pruned(loaded: LoadedProgram, outputs: Collection[int]) -> list[Command]:
     """``loaded``'s commands with only what program outputs ``outputs`` (indices into
     ``program.outputs``) need still doing work."""
     commands = loaded.commands
-    if not all(isinstance(c, (Kernel, Nop)) for c in commands) or not replay.replayable(loaded):
+    if not all(isinstance(c, (Kernel, Nop)) for c in commands) or not loaded.replayable:
         return list(commands)
     tensors, launches = loaded.program.tensors, loaded.program.launches
     spans = []
