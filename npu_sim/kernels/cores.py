@@ -70,14 +70,19 @@ STRIKES = 3
 REST = 32
 
 
+def _item(context, builder, signature, args):  # pragma: no cover - compiled
+    """The pointer to ``array[index]`` of an intrinsic's ``(array, index)`` arguments."""
+    aryty = signature.args[0]
+    ary = context.make_array(aryty)(context, builder, args[0])
+    return cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]])
+
+
 @intrinsic
 def _load(typingctx, array, index):  # pragma: no cover - compiled
     """``array[index]`` as an acquire load: read again on every call, never hoisted."""
     def codegen(context, builder, signature, args):
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]])
-        return builder.load_atomic(ptr, "acquire", aryty.dtype.bitwidth // 8)
+        return builder.load_atomic(_item(context, builder, signature, args), "acquire",
+                                   signature.args[0].dtype.bitwidth // 8)
     return array.dtype(array, index), codegen
 
 
@@ -85,9 +90,7 @@ def _load(typingctx, array, index):  # pragma: no cover - compiled
 def _fetch_add(typingctx, array, index):  # pragma: no cover - compiled
     """Atomically add 1 to ``array[index]``; the value before."""
     def codegen(context, builder, signature, args):
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]])
+        ptr = _item(context, builder, signature, args)
         return builder.atomic_rmw("add", ptr, ir.Constant(ptr.type.pointee, 1), "seq_cst")
     return array.dtype(array, index), codegen
 
