@@ -10,7 +10,7 @@ the gain on all but the largest launches. :func:`split` does better:
 - parts are claimed from an atomic counter, so a caller whose helper has not woken yet (the
   other core busy with another process) takes the helper's parts too instead of waiting for it:
   the split never makes a launch much slower than running it whole;
-- after a job a helper spins on the job counter for :data:`SPIN` iterations (about 0.5 ms,
+- after a job a helper spins on the job counter for :data:`SPIN_SECONDS` (0.5 ms,
   ``pause`` between reads, the GIL released, in compiled code) before it blocks, so the next
   large launch of the same run finds it awake: a handoff then costs a few microseconds;
 - on a busy host (another process running, or helpers that come late) splits run on the caller
@@ -52,16 +52,39 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-#: Threads that run parts: the caller and ``THREADS - 1`` helpers, one per core it may use.
-THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+MAX_THREADS = 4
+"""The most threads a launch is split over: more parts than this gained nothing measurable
+and each part's calls queue for the GIL (eight parts measured slower than two)."""
+
+
+def _cgroup_cpus() -> float | None:
+    """The CPUs a cgroup v2 quota (``cpu.max``) allows this process, or None without one."""
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else max(1.0, int(quota) / int(period))
+    except (OSError, ValueError):
+        return None
+
+
+_AFFINITY = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
     (os.cpu_count() or 1)
-#: Iterations (one ``pause`` each, about 25 ns on Zen 4) a helper spins, and a caller waits for
-#: the helper's last part, before blocking.
-SPIN = 20000
+_QUOTA = _cgroup_cpus()
+#: Threads that run parts: the caller and ``THREADS - 1`` helpers, one per core it may use
+#: (the CPU affinity, a cgroup's CPU quota, at most :data:`MAX_THREADS`).
+THREADS = max(1, min(_AFFINITY, int(_QUOTA or _AFFINITY), MAX_THREADS))
+#: Whether the host's running-task count (``/proc/loadavg``) speaks for this process's CPUs:
+#: only when it may use every CPU of the host, without a quota (in a container or a CPU set
+#: other tasks on other CPUs count too; lateness alone then tells a busy host).
+_LOAD_IS_OURS = _QUOTA is None and _AFFINITY == (os.cpu_count() or _AFFINITY)
+#: How long a helper spins after a job, and a caller waits for the helper's last part, before
+#: blocking (seconds; turned into loop iterations by timing the loop once, :func:`_spins`).
+SPIN_SECONDS = 0.5e-3
 #: A split finds the host busy when more threads are running than the caller and its awake
-#: helpers (:func:`_others_running`; that split runs on the caller), or turns out *late*: its
-#: caller waited more than :data:`LATE` seconds for a helper's part, or ran every part itself
-#: for longer. After :data:`STRIKES` such splits in a row the next :data:`REST` splits run on
+#: helpers (:func:`_others_running`; that split runs on the caller), or turns out *late*: no
+#: helper took a part until :data:`LATE` seconds after it was posted (the caller ran every
+#: part itself, for longer than that, or a helper came that late). After :data:`STRIKES` such
+#: splits in a row the next :data:`REST` splits run on
 #: the caller alone and the helpers do not spin: on a busy host a spinning helper only takes
 #: time from the caller (MobileNet-V3-like, one core kept busy: 5.87 ms a run with helpers,
 #: 4.97 without). One busy sample alone (a kernel thread waking) does not make them rest.
@@ -98,16 +121,22 @@ def _fetch_add(typingctx, array, index):  # pragma: no cover - compiled
 #: The spin-wait hint of this CPU's instruction set, as an LLVM intrinsic (none known: the spin
 #: loops run without one).
 _PAUSE = {"x86_64": "llvm.x86.sse2.pause", "amd64": "llvm.x86.sse2.pause",
-          "i386": "llvm.x86.sse2.pause", "i686": "llvm.x86.sse2.pause"
+          "i386": "llvm.x86.sse2.pause", "i686": "llvm.x86.sse2.pause",
+          "aarch64": "llvm.aarch64.hint", "arm64": "llvm.aarch64.hint"
           }.get(platform.machine().lower())
 
 
 @intrinsic
 def _pause(typingctx):  # pragma: no cover - compiled
-    """The spin-wait hint (x86 ``pause``: yields the core's pipeline to its sibling, saves
-    power); nothing on other CPUs, whose LLVM has no x86 intrinsics."""
+    """The spin-wait hint (x86 ``pause``, ARM ``yield``: the core's pipeline goes to its
+    sibling, and power is saved); nothing on other CPUs."""
     def codegen(context, builder, signature, args):
-        if _PAUSE is not None:
+        if _PAUSE == "llvm.aarch64.hint":  # hint #1 is YIELD
+            i32 = ir.IntType(32)
+            fn = cgutils.get_or_insert_function(builder.module,
+                                                ir.FunctionType(ir.VoidType(), [i32]), _PAUSE)
+            builder.call(fn, [ir.Constant(i32, 1)])
+        elif _PAUSE is not None:
             fn = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(ir.VoidType(), []), _PAUSE)
             builder.call(fn, [])
@@ -150,29 +179,40 @@ def _await_done(counts, parts, limit):  # pragma: no cover - compiled
 class _Job:
     """One split: ``work(k)`` for ``k < parts``; ``counts`` = [next part, parts finished]."""
 
-    __slots__ = ("work", "parts", "counts", "error", "last", "errstate")
+    __slots__ = ("work", "parts", "counts", "errors", "last", "errstate", "errcall", "claimed")
 
     def __init__(self, work: Callable[[int], object], parts: int) -> None:
         self.work, self.parts = work, parts
-        self.errstate = np.geterr()  # numpy's error handling is per thread: the caller's holds
+        # numpy's error handling is per thread: the caller's holds for every part
+        self.errstate, self.errcall = np.geterr(), np.geterrcall()
         self.counts = np.zeros(2, np.int64)
-        self.error: BaseException | None = None
+        self.errors: dict[int, BaseException] = {}  # part -> what it raised
+        self.claimed = 0.0  # when a helper first took a part (perf_counter), 0: none did
         self.last = threading.Lock()  # released by whoever finishes the last part
         self.last.acquire()
 
     def run_parts(self) -> int:
-        """Claim and run parts until none is left; how many this thread ran."""
+        """Claim and run parts until none is left (after an error, the rest are skipped); how
+        many this thread ran."""
         ran = 0
         while (k := int(_claim(self.counts))) < self.parts:
             ran += 1
             try:
-                if self.error is None:
+                if not self.errors:
                     self.work(k)
             except BaseException as e:  # noqa: BLE001 - handed to the caller, which raises it
-                self.error = e
+                self.errors[k] = e
             if _finished(self.counts) == self.parts:
                 self.last.release()
         return ran
+
+    def cancel(self) -> None:
+        """Skip the parts nobody has started (the caller was interrupted)."""
+        self.errors.setdefault(self.parts, KeyboardInterrupt())
+
+    def error(self) -> BaseException | None:
+        """What the lowest-numbered failing part raised (as the serial loop would report)."""
+        return self.errors[min(self.errors)] if self.errors else None
 
 
 class _Team:
@@ -184,7 +224,8 @@ class _Team:
         self.wake = threading.Condition()
         self.sleepers = 0
         self.busy = threading.Lock()  # one split at a time; others run serially
-        self.spin = SPIN  # how long helpers spin after a job: 0 while resting
+        self.spins = _spins(self.posted)  # loop iterations in SPIN_SECONDS
+        self.spin = self.spins  # how long helpers spin after a job: 0 while resting
         self.strikes = 0  # late helpers in a row
         self.rest = 0  # splits still to run serially on the caller
         for i in range(THREADS - 1):
@@ -201,8 +242,9 @@ class _Team:
                     self.sleepers -= 1
             seen = int(self.posted[0])
             job = self.job
-            if job is not None:
-                with np.errstate(**job.errstate):
+            if job is not None and int(job.counts[0]) < job.parts:
+                job.claimed = job.claimed or time.perf_counter()
+                with np.errstate(call=job.errcall, **job.errstate):
                     job.run_parts()
 
     def run(self, job: _Job) -> None:
@@ -211,14 +253,23 @@ class _Team:
             self.posted[0] += 1
             if self.sleepers:
                 self.wake.notify_all()
-        start = time.perf_counter()
-        mine = job.run_parts()
-        done = time.perf_counter()
-        # a helper may still be on its part: spin a while, then block until it ends
-        if not _await_done(job.counts, job.parts, SPIN):
-            job.last.acquire()
-        self.job = None
-        if time.perf_counter() - done > LATE or (mine == job.parts and done - start > LATE):
+        posted = time.perf_counter()
+        try:
+            mine = job.run_parts()
+            done = time.perf_counter()
+            # a helper may still be on its part: spin a while, then block until it ends
+            if not _await_done(job.counts, job.parts, self.spins):
+                job.last.acquire()
+        except BaseException:  # interrupted (Ctrl-C): no part may still write once we return
+            job.cancel()
+            _finish_uninterrupted(job)
+            raise
+        finally:
+            self.job = None
+        # late: a helper took its first part LATE after the post, or none came while the
+        # caller ran every part for longer than that
+        late = job.claimed - posted if job.claimed else (done - posted if mine else 0.0)
+        if late > LATE:
             self.strike()
         else:
             self.strikes = 0
@@ -230,13 +281,34 @@ class _Team:
             self.strikes, self.rest, self.spin = 0, REST, 0
 
 
+def _finish_uninterrupted(job: _Job) -> None:
+    """Wait until every claimed part of ``job`` has ended, whatever interrupts the wait."""
+    while True:
+        try:
+            while not _await_done(job.counts, job.parts, 1 << 20):
+                pass
+            return
+        except BaseException:  # noqa: BLE001 - another Ctrl-C: keep waiting, the first is raised
+            continue
+
+
+def _spins(flag: np.ndarray) -> int:
+    """How many iterations of the spin loop take :data:`SPIN_SECONDS` on this CPU."""
+    _await_change(flag, flag[0], 10)  # compiled (or loaded from the cache) before timing
+    start = time.perf_counter()
+    _await_change(flag, flag[0], 20000)
+    per = (time.perf_counter() - start) / 20000
+    return max(1000, int(SPIN_SECONDS / max(per, 1e-9)))
+
+
 _team: _Team | None = None
 _team_lock = threading.Lock()
+_loadavg: int | None = None  # descriptor of /proc/loadavg; -1: there is none to read
 
 
 def _reset_after_fork() -> None:
-    global _team, _team_lock
-    _team, _team_lock = None, threading.Lock()
+    global _team, _team_lock, _loadavg
+    _team, _team_lock, _loadavg = None, threading.Lock(), None
 
 
 if hasattr(os, "register_at_fork"):
@@ -246,18 +318,23 @@ if hasattr(os, "register_at_fork"):
 def _others_running(helpers: _Team) -> bool:
     """Whether more threads are running on the host than this caller and its spinning helpers
     (Linux's count of runnable tasks, ``/proc/loadavg``, 2 us to read): another process has a
-    core, and a helper would only take time from the caller. False where there is no count."""
+    core, and a helper would only take time from the caller. False where the count does not
+    speak for this process's CPUs (:data:`_LOAD_IS_OURS`) or cannot be read."""
     global _loadavg
+    if not _LOAD_IS_OURS:
+        return False
+    if _loadavg is None:
+        with _team_lock:
+            if _loadavg is None:
+                try:
+                    _loadavg = os.open("/proc/loadavg", os.O_RDONLY | os.O_CLOEXEC)
+                except OSError:
+                    _loadavg = -1
     try:
-        if _loadavg is None:
-            _loadavg = os.open("/proc/loadavg", os.O_RDONLY)
         running = int(os.pread(_loadavg, 128, 0).split()[3].split(b"/")[0])
     except (OSError, ValueError, IndexError):
         return False
     return running > THREADS - helpers.sleepers  # the caller and each helper not asleep
-
-
-_loadavg: int | None = None
 
 
 def team() -> _Team | None:
@@ -274,24 +351,29 @@ def team() -> _Team | None:
 
 def split(parts: int, work: Callable[[int], object]) -> None:
     """``work(k)`` for every ``k`` in ``range(parts)``, spread over the caller and the helper
-    threads; returns when all are done and raises the first error a part raised."""
+    threads; returns when all are done and raises what the lowest-numbered failing part
+    raised (the rest are skipped once one has failed)."""
     helpers = team()
-    if parts > 1 and helpers is not None and helpers.rest:
-        helpers.rest -= 1
-        if not helpers.rest:
-            helpers.spin = SPIN
-        helpers = None
-    if parts > 1 and helpers is not None and _others_running(helpers):
-        helpers.strike()  # this split runs on the caller
-        helpers = None
     if parts <= 1 or helpers is None or not helpers.busy.acquire(blocking=False):
         for k in range(parts):
             work(k)
         return
     try:
-        job = _Job(work, parts)
-        helpers.run(job)
+        if helpers.rest > 0:  # resting after late helpers: on the caller
+            helpers.rest -= 1
+            if not helpers.rest:
+                helpers.spin = helpers.spins
+            job = None
+        elif _others_running(helpers):
+            helpers.strike()  # this split runs on the caller
+            job = None
+        else:
+            job = _Job(work, parts)
+            helpers.run(job)
     finally:
         helpers.busy.release()
-    if job.error is not None:
-        raise job.error
+    if job is None:
+        for k in range(parts):
+            work(k)
+    elif (error := job.error()) is not None:
+        raise error

@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import threading
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -51,6 +52,48 @@ def test_an_error_in_a_part_reaches_the_caller_and_the_next_split_works() -> Non
     seen: list[int] = []
     cores.split(8, seen.append)
     assert sorted(seen) == list(range(8))
+
+
+@pytest.mark.skipif(cores.THREADS < 2, reason="one core: no helper thread to meet")
+def test_the_lowest_failing_part_is_the_error_raised(monkeypatch) -> None:
+    """Part 1 fails first (on the helper, while part 0 waits), part 0 fails after it: the error
+    raised is part 0's, as the serial loop would raise."""
+    monkeypatch.setattr(cores, "_others_running", lambda helpers: False)
+    _fresh(cores.team())
+    one_failed = threading.Event()
+
+    def part(k: int) -> None:
+        if k == 1:
+            one_failed.set()
+            raise ValueError("part 1")
+        one_failed.wait(10)
+        raise ValueError("part 0")
+
+    with pytest.raises(ValueError, match="part 0"):
+        cores.split(2, part)
+
+
+@pytest.mark.skipif(cores.THREADS < 2, reason="one core: no helper thread to meet")
+def test_a_helper_keeps_the_callers_numpy_error_callback(monkeypatch) -> None:
+    monkeypatch.setattr(cores, "_others_running", lambda helpers: False)
+    _fresh(cores.team())
+    calls: list[str] = []
+    started = threading.Event()
+
+    def part(k: int) -> None:
+        if k == 1:
+            started.set()
+        else:
+            started.wait(10)
+        np.divide(np.ones(1), np.zeros(1))
+
+    with np.errstate(divide="call", call=lambda kind, flag: calls.append(kind)):
+        cores.split(2, part)
+    assert calls == ["divide by zero"] * 2
+
+
+def test_the_thread_count_keeps_to_the_affinity_and_the_cap() -> None:
+    assert 1 <= cores.THREADS <= min(cores.MAX_THREADS, len(os.sched_getaffinity(0)))
 
 
 def test_a_split_inside_a_part_runs_serially() -> None:
@@ -107,7 +150,7 @@ def test_late_helpers_make_the_next_splits_run_on_the_caller(monkeypatch) -> Non
         threads: list[int] = []
         cores.split(4, lambda k, seen=threads: seen.append(threading.get_ident()))
         assert threads == [caller] * 4
-    assert helpers.rest == 0 and helpers.spin == cores.SPIN
+    assert helpers.rest == 0 and helpers.spin == helpers.spins
     _fresh(helpers)
 
 
@@ -124,7 +167,7 @@ def test_a_busy_host_runs_the_next_splits_on_the_caller(monkeypatch) -> None:
         cores.split(4, lambda k, seen=threads: seen.append(threading.get_ident()))
         assert threads == [caller] * 4
         assert (helpers.rest, helpers.spin) == ((cores.REST, 0) if n == cores.STRIKES - 1 else
-                                                (0, cores.SPIN))
+                                                (0, helpers.spins))
     _fresh(helpers)
 
 
@@ -132,4 +175,4 @@ def _fresh(helpers) -> None:
     """Helpers as after start: no late splits counted, no rest (earlier tests block parts on
     purpose, which counts as late)."""
     helpers.strikes = helpers.rest = 0
-    helpers.spin = cores.SPIN
+    helpers.spin = helpers.spins
