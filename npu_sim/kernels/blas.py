@@ -6,14 +6,13 @@ threads spin while they wait for each other. On a small GEMM (a mobile net's 1x1
 stalls the whole GEMM for a scheduler tick: measured up to 100x slower than one thread. So:
 
 - a GEMM of fewer than :data:`SMALL_MACS` multiply-accumulates runs on one BLAS thread;
-- a larger one (:func:`matmul`) is split by output rows into :data:`PARTS` pieces, one per
-  core, run by the calling thread and :mod:`.cores`' helper threads, each piece a one-thread
-  BLAS call (numpy releases the GIL): no BLAS thread spins waiting for another. Each output
-  element is the same dot product as without the split, but OpenBLAS may sum it in another
-  order, so not always to the same bits: it sends products of at most 100**3 MACs to another
-  kernel, and a split not at a multiple of 16 rows changes the kernel blocks (of 907 random
-  shapes split at multiples of 16 with both parts above 100**3, all kept the bits; 53 of 196
-  with a smaller part did not). :mod:`.conv_parts` splits only where both hold.
+- a larger one (:func:`matmul`) is split by output rows (or, for a wide product, columns)
+  into at most :data:`PARTS` pieces, one per core, run by the calling thread and
+  :mod:`.cores`' helper threads, each piece a one-thread BLAS call (numpy releases the GIL):
+  no BLAS thread spins waiting for another. Each piece keeps more than :data:`SMALL_GEMM`
+  MACs (:func:`edges`): OpenBLAS sends smaller products to another kernel, which sums in
+  another order, so a split with a smaller piece changed the bits (53 of 196 random shapes);
+  with every piece above it, none of 907 did.
 
 A caller running many kernels (the firmware, for a whole program run) holds :func:`one_thread`
 around them all: raising the library's thread count again after every kernel woke OpenBLAS's
@@ -44,8 +43,12 @@ PARTS = THREADS
 thread's share is smaller) measured slower on light_resnet50 both idle (87-100 ms against
 121-125 ms a run) and with one core kept busy (138-165 ms against 151-182 ms)."""
 
+SMALL_GEMM = 100 ** 3
+"""OpenBLAS runs products of at most this many MACs on its small-matrix kernel."""
+
 _LOCK = threading.Lock()
-_depth = 0
+_depth = 0  # nesting of one_thread() over all threads: the library's setting is restored at 0
+_held = threading.local()  # .depth: this thread's nesting
 _saved: list[int] = []
 
 
@@ -67,9 +70,11 @@ def one_thread() -> Iterator[None]:
             for lib in libs:
                 lib.set_num_threads(1)
         _depth += 1
+    _held.depth = getattr(_held, "depth", 0) + 1
     try:
         yield
     finally:
+        _held.depth -= 1
         with _LOCK:
             _depth -= 1
             if _depth == 0:
@@ -78,10 +83,15 @@ def one_thread() -> Iterator[None]:
 
 
 def held() -> bool:
-    """Whether a caller (the firmware, for a whole run) holds :func:`one_thread` already:
-    entering it again per GEMM cost 5-10 us of Python, a fifth of a mobile net's small 1x1
-    convolution."""
-    return _depth > 0
+    """Whether this thread's caller (the firmware, for a whole run) holds :func:`one_thread`
+    already: entering it again per GEMM cost 5-10 us of Python, a fifth of a mobile net's small
+    1x1 convolution. Per thread: another thread's hold ends when that thread's run does."""
+    return getattr(_held, "depth", 0) > 0
+
+
+def single_thread():
+    """:func:`one_thread`, or nothing if this thread holds it already (:func:`held`)."""
+    return nullcontext() if held() else one_thread()
 
 
 @contextmanager
@@ -96,7 +106,8 @@ def threads_for(macs: int) -> Iterator[None]:
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``np.matmul(a, b, out=out)`` for float operands with ``a`` of rank >= 2, a large product
-    split by rows of ``a`` over the thread pool (see the module docstring)."""
+    split by rows of ``a``, or by columns of ``b`` when it is wider, over the cores (see the
+    module docstring)."""
     if out is None:
         shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2],) + b.shape[-1:]
         out = np.empty(shape, np.result_type(a, b))
@@ -108,19 +119,40 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
         with threads_for(macs):
             return np.matmul(a, b, out=out)
     columns = out.shape[-1]
-    with nullcontext() if held() else one_thread():
+    with single_thread():
         if b.ndim >= 2 and columns > rows:
             # A convolution's wide GEMM (few output channels, many pixels): split by columns,
             # so each thread streams only its share of the unfolded matrix, not all of it.
-            spread(columns, lambda lo, hi: np.matmul(a, b[..., lo:hi], out=out[..., lo:hi]))
+            spread(columns, lambda lo, hi: np.matmul(a, b[..., lo:hi], out=out[..., lo:hi]),
+                   macs // columns)
         else:
-            spread(rows, lambda lo, hi: np.matmul(a[..., lo:hi, :], b, out=out[..., lo:hi, :]))
+            spread(rows, lambda lo, hi: np.matmul(a[..., lo:hi, :], b, out=out[..., lo:hi, :]),
+                   macs // rows)
     return out
 
 
-def spread(count: int, work: Callable[[int, int], object]) -> None:
-    """``work(lo, hi)`` over :data:`PARTS` consecutive ranges covering ``range(count)``, taken by
-    the calling thread and the helper threads as they come (:func:`.cores.split`); ``work``
-    releases the GIL (a BLAS call)."""
-    parts = max(1, min(PARTS, count))
-    cores.split(parts, lambda k: work(count * k // parts, count * (k + 1) // parts))
+def edges(count: int, unit_macs: int, align: int = 1) -> list[int]:
+    """Boundaries cutting ``range(count)`` (each unit ``unit_macs`` MACs) into at most
+    :data:`PARTS` ranges, inner boundaries at multiples of ``align``, every range above
+    :data:`SMALL_GEMM` MACs (fewer ranges where that needs it; one: no split)."""
+    blocks = -(-count // align)
+    for parts in range(max(1, min(PARTS, blocks)), 1, -1):
+        cut = sorted({min(count, blocks * k // parts * align) for k in range(1, parts)}
+                     - {0, count})
+        bounds = [0, *cut, count]
+        if min(np.diff(bounds)) * unit_macs > SMALL_GEMM:
+            return bounds
+    return [0, count]
+
+
+def spread(count: int, work: Callable[[int, int], object], unit_macs: int = 0) -> None:
+    """``work(lo, hi)`` over consecutive ranges covering ``range(count)``, taken by the calling
+    thread and the helper threads as they come (:func:`.cores.split`); ``work`` releases the GIL
+    (a BLAS call). ``unit_macs``: each unit is a GEMM of that many MACs, and the ranges are
+    :func:`edges`; else :data:`PARTS` even ranges."""
+    if unit_macs:
+        bounds = edges(count, unit_macs)
+    else:
+        parts = max(1, min(PARTS, count))
+        bounds = [count * k // parts for k in range(parts + 1)]
+    cores.split(len(bounds) - 1, lambda k: work(bounds[k], bounds[k + 1]))

@@ -11,8 +11,8 @@ image stem's channels (:func:`.conv.direct_fits`), then the bias and epilogue (a
 Relu, or a residual ``Add``) on those rows while they are its own. Every element gets exactly
 the arithmetic of the unsplit launch (the same dot product in the same order, the same float32
 epilogue steps), so the values are the same bits: GEMM parts start at multiples of
-:data:`ALIGN` rows, so BLAS runs the same micro-kernel blocks as on the whole, and stay above
-:data:`SMALL_GEMM`, off OpenBLAS's small-matrix kernel.
+:data:`ALIGN` rows and stay above :data:`.blas.SMALL_GEMM`, off OpenBLAS's small-matrix kernel
+(:func:`.blas.edges`).
 
 Measured on 2 vCPUs (AMD EPYC Zen 4), one-thread BLAS, medians of 200: the 16 to 96 channel
 1x1 convolution with bias and SiLU 1.62 ms whole, 0.91 ms in two parts (four parts 0.99, eight
@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
 
 from ..epilogue import decode, input_scale
+from ..errors import KernelError
 from . import blas, cores, taps
 from .bias_fused import FusedLoop
 from .conv import Window, as5d, direct_fits, pointwise, pointwise_columns
@@ -56,11 +56,6 @@ EPILOGUE_WEIGHT = 20
 #: GEMM parts start at multiples of this many output channels (the AVX-512 sgemm kernel's block
 #: of rows), so each output row is computed by the same kernel block as in the unsplit GEMM.
 ALIGN = 16
-#: A GEMM splits only when every part keeps more than this many multiply-adds: OpenBLAS runs
-#: products of at most 100**3 on its small-matrix kernel, which sums in another order. Over 907
-#: random shapes split at a multiple of 16 rows or columns, every split with both parts above
-#: it gave the unsplit bits; 53 of 196 with a part at or below it did not.
-SMALL_GEMM = 100 ** 3
 #: A direct (image stem) convolution's parts start at multiples of this many output channels,
 #: the group :func:`.taps.direct` sums together.
 DIRECT_ALIGN = 4
@@ -106,8 +101,9 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
     if compute is None or macs + EPILOGUE_WEIGHT * y.size < (SPLIT_WORK if gemm else
                                                               DEPTHWISE_WORK):
         return None
-    edges = _edges(m, ALIGN if gemm else DIRECT_ALIGN if setup else 1)
-    if gemm and min(np.diff(edges)) * y.shape[2] * x.shape[1] <= SMALL_GEMM:
+    edges = blas.edges(m, y.shape[2] * x.shape[1] if gemm else blas.SMALL_GEMM + 1,
+                       ALIGN if gemm else DIRECT_ALIGN if setup else 1)
+    if len(edges) < 3:
         return None
 
     def part(k: int) -> None:
@@ -116,7 +112,8 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
             compute(i, lo, hi)
             rows = y[i:i + 1, lo:hi]
             if fused is not None:
-                fused(rows, b[lo:hi])  # float32, contiguous: always applies
+                if not fused(rows, b[lo:hi]):  # float32 and contiguous: it always applies
+                    raise KernelError("Conv", "", f"the fused bias loop refused rows {lo}:{hi}")
                 continue
             if b is not None:
                 np.add(rows, b[lo:hi, None], out=rows)
@@ -131,7 +128,7 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
             setup()
         # one BLAS thread per part, as blas.matmul runs its pieces: a threaded OpenBLAS call
         # takes other kernels for the same product, and would change the bits
-        with nullcontext() if blas.held() else blas.one_thread():
+        with blas.single_thread():
             cores.split(len(edges) - 1, part)
         return True
 
@@ -153,15 +150,6 @@ def _operand_steps(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]
             return None
         steps.append((_UFUNCS[step.op], other.reshape(shape[0], shape[1], -1)))
     return steps
-
-
-def _edges(m: int, align: int) -> list[int]:
-    """Channel boundaries cutting ``m`` into :data:`.cores.THREADS` ranges, inner boundaries at
-    multiples of ``align`` (fewer ranges when ``m`` is too small for that)."""
-    blocks = -(-m // align)
-    count = max(1, min(cores.THREADS, blocks))
-    inner = sorted({min(m, blocks * k // count * align) for k in range(1, count)} - {0, m})
-    return [0, *inner, m]
 
 
 def _pointwise(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], win: Window,

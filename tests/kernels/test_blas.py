@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from threadpoolctl import ThreadpoolController
 
 from npu_sim.kernels import blas
@@ -71,3 +75,41 @@ def test_a_split_gemm_gives_the_bits_of_one_call() -> None:
         b = r.standard_normal(b_shape).astype(np.float32)
         with blas.one_thread():
             np.testing.assert_array_equal(blas.matmul(a, b), np.matmul(a, b))
+
+
+@settings(max_examples=200, deadline=None)
+@given(count=st.integers(1, 5000), unit=st.integers(1, 3 * blas.SMALL_GEMM),
+       align=st.sampled_from([1, 4, 16]))
+def test_every_split_piece_stays_off_the_small_matrix_kernel(count, unit, align) -> None:
+    """Pieces cover the range in order, inner boundaries aligned, at most PARTS of them, and
+    each above SMALL_GEMM MACs unless there is only one."""
+    bounds = blas.edges(count, unit, align)
+    assert bounds[0] == 0 and bounds[-1] == count and len(bounds) - 1 <= max(1, blas.PARTS)
+    assert all(lo < hi for lo, hi in zip(bounds, bounds[1:], strict=False))
+    assert all(b % align == 0 for b in bounds[1:-1])
+    if len(bounds) > 2:
+        assert min(hi - lo for lo, hi in zip(bounds, bounds[1:], strict=False)) * unit > \
+            blas.SMALL_GEMM
+
+
+def test_holding_one_thread_is_per_thread() -> None:
+    """Another thread's hold does not count as this thread's: when it ends, the library's
+    setting comes back under a thread that had skipped entering."""
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with blas.one_thread():
+            entered.set()
+            release.wait(10)
+
+    other = threading.Thread(target=hold)
+    other.start()
+    entered.wait(10)
+    try:
+        assert not blas.held()
+        with blas.one_thread():
+            assert blas.held()
+    finally:
+        release.set()
+        other.join()
+    assert not blas.held()

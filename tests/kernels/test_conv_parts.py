@@ -105,7 +105,7 @@ def test_a_split_depthwise_conv_gives_the_bits_of_the_whole_launch(n, c, mult, k
     attrs = {"group": c, "kernel_shape": (k, k), "strides": (s, s), "pads": (k // 2,) * 4,
              **epilogue}
     out = (size * s + 2 * (k // 2) - k) // s + 1
-    assert_split_equals_whole(x, w, b, attrs, (n, c * mult, out, out))
+    assert_split_equals_whole(x, w, b, attrs, (n, c * mult, out, out), planned=c * mult > 1)
 
 
 @settings(max_examples=40, deadline=None)
@@ -122,7 +122,8 @@ def test_a_split_image_stem_gives_the_bits_of_the_whole_launch(n, c, m, k, s, si
     attrs = {"group": 1, "kernel_shape": (k, k), "strides": (s, s), "pads": (k // 2,) * 4,
              **epilogue}
     out = (size + 2 * (k // 2) - k) // s + 1
-    assert_split_equals_whole(x, w, b, attrs, (n, m, out, out))
+    # one group of four channels or fewer is not split
+    assert_split_equals_whole(x, w, b, attrs, (n, m, out, out), planned=m > conv_parts.DIRECT_ALIGN)
 
 
 def test_the_split_is_planned_for_the_mobile_nets_launches(split_always) -> None:
