@@ -36,8 +36,7 @@ from . import blas, cores, taps
 from .bias_fused import FusedLoop
 from .conv import Window, as5d, direct_fits, pointwise, pointwise_columns
 from .depthwise import tapped
-
-_UFUNCS = {"Add": np.add, "Mul": np.multiply}
+from .epilogue import UFUNCS
 
 #: A 1x1 convolution splits when its multiply-adds plus :data:`EPILOGUE_WEIGHT` per output
 #: element reach this much work, a depthwise one at :data:`DEPTHWISE_WORK` (its multiply-adds
@@ -145,10 +144,10 @@ def _operand_steps(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]
     steps = []
     for step in decode("Conv", attrs):
         other = inputs[step.operand] if 0 <= step.operand < len(inputs) else None
-        if step.op not in _UFUNCS or other is None or other.shape != shape or \
+        if step.op not in UFUNCS or other is None or other.shape != shape or \
                 other.dtype != np.float32 or not other.flags.c_contiguous:
             return None
-        steps.append((_UFUNCS[step.op], other.reshape(shape[0], shape[1], -1)))
+        steps.append((UFUNCS[step.op], other.reshape(shape[0], shape[1], -1)))
     return steps
 
 

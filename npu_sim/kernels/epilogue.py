@@ -25,7 +25,8 @@ from .activations import apply_activation, full_params
 from .conv import scratch
 from .gemm import broadcasts_to
 
-_UFUNCS = {"Add": np.add, "Mul": np.multiply}
+UFUNCS = {"Add": np.add, "Mul": np.multiply}
+"""The binary epilogue steps' ufuncs."""
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -105,7 +106,7 @@ def apply_epilogue(op: str, y: np.ndarray, attrs: Mapping[str, Any],
                                           f"{other.shape}, dtype {other.dtype} must be float and "
                                           f"broadcast to the output {y.shape}")
             with np.errstate(all="ignore"):
-                _UFUNCS[step.op](y, other.astype(y.dtype, copy=False), out=y)
+                UFUNCS[step.op](y, other.astype(y.dtype, copy=False), out=y)
         elif step.gate and step.op == "HardSigmoid" and fast:
             alpha, beta = full_params("HardSigmoid", step.params)
             _hard_sigmoid_gate(y.reshape(-1), alpha, beta)
