@@ -390,26 +390,26 @@ class ContextBinary:
         """Every external weight the binary refers to (path, size, offset, id), in its order."""
         # The weights' blocks are verified while the records are decoded (and, with
         # ``defer_weights``, while the caller goes on until verify_weights); a bad block is
-        # reported first (checksums come before records).
+        # reported first (checksums come before records): whatever fails once the checks run
+        # waits for them.
         checks = _Checks(view, blocks)
         try:
             programs = decoder.graphs()
+            self._sources = decoder.sources
+            self._digests = decoder.digests(list(programs))
+            self.weights_summary = WeightsSummary(
+                blobs=len(decoder.blobs), references=len(decoder.references),
+                referenced_bytes=sum(decoder.references),
+                distinct_bytes=sum(length for _, _, length in decoder.blobs),
+                section_bytes=by_kind[L.SectionKind.WEIGHTS].length,
+            )
         except BaseException:
             checks.wait()
             raise
-        if defer_weights:
-            self._checks = checks
-        else:
+        if not defer_weights:
             checks.wait()
         self._programs = programs
-        self._sources = decoder.sources
-        self._digests = decoder.digests(list(programs))
-        self.weights_summary = WeightsSummary(
-            blobs=len(decoder.blobs), references=len(decoder.references),
-            referenced_bytes=sum(decoder.references),
-            distinct_bytes=sum(length for _, _, length in decoder.blobs),
-            section_bytes=by_kind[L.SectionKind.WEIGHTS].length,
-        )
+        self._checks = checks if defer_weights else None
 
     @classmethod
     def from_bytes(cls, data: bytes | bytearray | memoryview, *,

@@ -45,13 +45,14 @@ def sections(data: bytes) -> dict[str, tuple[int, L.SectionEntry]]:
 
 
 def reseal(data: bytearray) -> bytes:
-    """Recompute the section-table and header CRC-32s (and the checksums section's own)."""
+    """Recompute the section-table and header CRC-32s and every section's own but the weights'
+    (whose blocks stay as they are)."""
     fields = L.HEADER.unpack_from(data, 0)
     count, table = fields[5], fields[6]
     for i in range(count):
         at = table + i * L.SECTION.size
         kind, _, offset, length, _, _ = L.SECTION.unpack_from(data, at)
-        if kind == L.SectionKind.WEIGHT_CHECKSUMS:
+        if kind != L.SectionKind.WEIGHTS:
             struct.pack_into("<I", data, at + 24, zlib.crc32(data[offset:offset + length]))
     struct.pack_into("<I", data, L.HEADER.size - 4,
                      zlib.crc32(data[table:table + count * L.SECTION.size]))
@@ -157,6 +158,23 @@ def test_a_bad_block_is_reported_before_a_bad_record(verifier):
                                                      records.length]))
     with pytest.raises(InvalidGraph, match=r"\(weights\), block 0 "):
         ContextBinary.from_bytes(reseal(data))
+
+
+@pytest.mark.parametrize("defer", [False, True])
+def test_a_bad_block_is_reported_before_a_bad_digest_table(verifier, defer):
+    """A problem found after the records (2 digests for 1 graph) is reported as the bad block
+    too, also when the checks are deferred: everything after the checks start waits for them."""
+    data = bytearray(packed(LARGE))
+    index, weights = sections(bytes(data))["weights"]
+    _, digests = sections(bytes(data))["graph_digests"]
+    data[weights.offset + 2 * BLOCK + 9] ^= 1
+    struct.pack_into("<I", data, digests.offset, 2)
+    sound = bytearray(packed(LARGE))
+    struct.pack_into("<I", sound, digests.offset, 2)
+    with pytest.raises(InvalidGraph, match="section graph_digests: 2 digests for 1 graphs"):
+        ContextBinary.from_bytes(reseal(sound), defer_weights=defer)  # the digests alone
+    with pytest.raises(InvalidGraph, match=rf"section #{index} \(weights\), block 2 "):
+        ContextBinary.from_bytes(reseal(data), defer_weights=defer)
 
 
 @pytest.mark.parametrize(("patch", "message"), [
