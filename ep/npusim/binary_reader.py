@@ -321,7 +321,7 @@ class _Checks:
 
     def wait(self) -> None:
         """Every run checked; raise the first bad block's error (the views into the binary are
-        released first)."""
+        released first), or, when no block of a bad run is bad read again, that run's."""
         futures, self._futures = self._futures, []
         views, self._views = self._views, []
         crcs: list[int | None] = [None] * len(futures)
@@ -338,7 +338,21 @@ class _Checks:
             views.clear()
             del whole
             _verify(run, block_crcs)
+            raise _changed_error(run, crcs[bad[0]], expected[bad[0]])
         views.clear()
+
+
+def _changed_error(run: list[_Block], computed: int, expected: int) -> InvalidGraph:
+    """A run whose CRC-32 was wrong while each of its blocks, read again, is right: its bytes
+    changed between the reads (a file rewritten under its mapping)."""
+    first, last = run[0], run[-1]
+    return InvalidGraph(
+        f"checksum mismatch in section #{first.section} (weights), bytes [{first.offset}, "
+        f"{last.offset + last.end - last.start}) of the section (blocks {first.index} to "
+        f"{last.index}): computed crc32 0x{computed:08x}, the blocks' stored crc32s combine to "
+        f"0x{expected:08x}, but every block matched when read again: the bytes changed while "
+        "they were checked (was the file modified during the load?)"
+    )
 
 
 def _crc32_then_drop(block: memoryview) -> int:

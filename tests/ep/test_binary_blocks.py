@@ -9,6 +9,7 @@ program's WEIGHTS region, so the loader moves them as one DMA.
 from __future__ import annotations
 
 import struct
+import threading
 import zlib
 
 import numpy as np
@@ -158,6 +159,35 @@ def test_a_bad_block_is_reported_before_a_bad_record(verifier):
                                                      records.length]))
     with pytest.raises(InvalidGraph, match=r"\(weights\), block 0 "):
         ContextBinary.from_bytes(reseal(data))
+
+
+def test_weights_that_change_between_reads_are_refused(verifier, monkeypatch):
+    """A run's CRC-32 is computed over bytes that differ from those its blocks are checked
+    against again (the file changed under the mapping): the load fails naming the run, it does
+    not go on with weights nobody verified."""
+    data = bytearray(packed(LARGE))
+    index, weights = sections(bytes(data))["weights"]
+    checked = binary_reader._crc32_then_drop
+    lock = threading.Lock()
+
+    def changing(run: memoryview) -> int:  # the byte is wrong only while a run is checked
+        with lock:
+            data[weights.offset + 9] ^= 1
+            try:
+                return checked(run)
+            finally:
+                data[weights.offset + 9] ^= 1
+
+    monkeypatch.setattr(binary_reader, "_crc32_then_drop", changing)
+    first = binary_reader._runs(binary_reader._weight_blocks(
+        memoryview(bytes(data)), index, weights, sections(bytes(data))["weight_checksums"][1]))[0]
+    end = first[-1].end - weights.offset
+    for defer in (False, True):
+        with pytest.raises(InvalidGraph) as info:
+            ContextBinary.from_bytes(data, defer_weights=defer).verify_weights()
+        assert f"checksum mismatch in section #{index} (weights), bytes [0, {end}) of the " \
+               f"section (blocks 0 to {first[-1].index})" in info.value.message
+        assert "the bytes changed while they were checked" in info.value.message
 
 
 @pytest.mark.parametrize("defer", [False, True])
