@@ -378,6 +378,7 @@ class ContextBinary:
                  defer_weights: bool = False, _mapping: mmap.mmap | None = None) -> None:
         self.source = source
         self._checks: _Checks | None = None
+        self._weights_error: InvalidGraph | None = None  # a bad block, once found
         self._mapping = _mapping
         self._closed = False
         view = memoryview(data).cast("B").toreadonly()
@@ -469,11 +470,16 @@ class ContextBinary:
 
     def verify_weights(self) -> None:
         """Wait for the weight blocks still being checksummed (opened with ``defer_weights``);
-        a bad block raises :class:`~ep.errors.InvalidGraph` naming it, as opening would have.
-        Returns at once when nothing is pending."""
+        a bad block raises :class:`~ep.errors.InvalidGraph` naming it, as opening would have,
+        and so does every later call. Returns at once when nothing is pending."""
         checks, self._checks = self._checks, None
         if checks is not None:
-            checks.wait()
+            try:
+                checks.wait()
+            except InvalidGraph as exc:
+                self._weights_error = exc
+        if self._weights_error is not None:
+            raise InvalidGraph(self._weights_error.message)
 
     def graph_names(self) -> list[str]:
         """The graph names, in file order."""
