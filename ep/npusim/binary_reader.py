@@ -197,11 +197,18 @@ core the loading thread needed (BERT's load spent 3-7 ms waiting to be scheduled
 
 
 _SEGMENT = 448 << 20
-"""The most bytes of weight blocks one CRC-32 call checks. A run of blocks is checked by one
-call and compared with the blocks' stored CRC-32s combined (:mod:`ep.npusim.crc32_combine`):
-CRC-32 detects every error of up to 3 bits in a message under 2^32 bits (512 MiB), so a run's
-check keeps the guarantees of its blocks' checks; a mismatch is then located block by block,
-and reported as before."""
+"""The most bytes of weight blocks one CRC-32 call checks (but for one block larger than this,
+up to ``L.MAX_BLOCK``, checked alone). A run of blocks is checked by one call and compared with
+the blocks' stored CRC-32s combined (:mod:`ep.npusim.crc32_combine`); a mismatch is then located
+block by block, and reported as before.
+
+What a run's check guarantees: CRC-32 has Hamming distance 3 below 2^32 bits (512 MiB), so it
+detects every error of up to 2 bits in the run and every burst of up to 32 bits, and misses any
+other error pattern with probability 2^-32. That is weaker than a check per block for patterns
+of 3 or more bit errors spread over several blocks: the blocks' checks catch such a pattern
+whenever one block holds at most 2 of its bits (or only a burst of up to 32), the run's may not
+(4 flipped bits in 4 different 4 KiB blocks of a 128 KiB run can cancel out). Runs are kept for
+speed: a call per block made BERT's load wait on the GIL between calls (``_HEAD``)."""
 
 _HEAD = 3 / 4
 """The share of the weights the thread checks in its first call. A call releases the GIL once;
@@ -221,10 +228,10 @@ takes, so a tail would only wait for the loading thread (EfficientNet's 21 MiB).
 
 @functools.cache
 def _pool() -> ThreadPoolExecutor:
-    """The checksum thread, started once: starting two threads per load cost ~2.5 ms of a
-    ~20 ms EPContext load, more on a busy machine."""
+    """The checksum thread (``_WORKERS``, one), verifying weight blocks beside the loading
+    thread (``L.crc32`` releases the GIL); started once, not per load: starting threads per
+    load cost ~2.5 ms of a ~20 ms EPContext load, more on a busy machine."""
     return ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="npu_sim-crc")
-"""Threads verifying weight blocks (``L.crc32`` releases the GIL)."""
 
 
 @dataclass(frozen=True)
@@ -282,7 +289,8 @@ def _verify(blocks: list[_Block], crcs: list[int]) -> None:
 def _runs(blocks: list[_Block]) -> list[list[_Block]]:
     """Consecutive blocks grouped into runs, one block at least each: a first run of about
     ``_HEAD`` of the bytes (all up to ``_WHOLE``), then runs of a ``_TAIL``-th of the rest; none
-    over ``_SEGMENT``."""
+    over ``_SEGMENT`` but a single block larger than it (a file's blocks may be up to
+    ``L.MAX_BLOCK``, 1 GiB), which is a run alone, checked against its own stored CRC-32."""
     if not blocks:
         return []
     total = blocks[-1].end - blocks[0].start

@@ -18,6 +18,7 @@ import pytest
 from ep.errors import InvalidArgument, InvalidGraph
 from ep.npusim import binary_layout as L
 from ep.npusim import binary_reader
+from ep.npusim import crc32_combine as C
 from ep.npusim.binary import ContextBinary, pack_context
 from ep.npusim.crc32_combine import crc32_combine
 from firmware_model import Firmware
@@ -80,8 +81,8 @@ def verifier(request, monkeypatch):
 @pytest.mark.parametrize("size", [0, 1, BLOCK, 10 * BLOCK + 5, 413 << 20, 1100 << 20])
 def test_runs_cover_every_block_once_in_order(size):
     """Up to ``_WHOLE`` one run, else a first run of about three quarters of the bytes, then
-    short runs; none over ``_SEGMENT`` (one CRC-32 call keeps the per-block guarantees only
-    under 512 MiB)."""
+    short runs; none over ``_SEGMENT`` (a CRC-32 detects every 2-bit error only under 2^32
+    bits, 512 MiB)."""
     block = 4 << 20 if size > BLOCK * 100 else BLOCK
     blocks = [binary_reader._Block(4, i, i * block, min((i + 1) * block, size), i * block, 0)
               for i in range(-(-size // block))]
@@ -94,6 +95,29 @@ def test_runs_cover_every_block_once_in_order(size):
     else:
         assert min(size * 3 // 4, binary_reader._SEGMENT) - block < sizes[0] <= size * 3 // 4
         assert max(sizes[1:]) < sizes[0]
+
+
+def test_a_block_larger_than_a_run_is_a_run_alone(monkeypatch):
+    """A file's blocks may be up to ``L.MAX_BLOCK`` (1 GiB), more than ``_SEGMENT``: such a block
+    is checked alone, against its own stored CRC-32, never with its neighbours."""
+    monkeypatch.setattr(binary_reader, "_SEGMENT", 2 * BLOCK)
+    monkeypatch.setattr(binary_reader, "_WHOLE", 0)
+    sizes = [BLOCK, BLOCK, 3 * BLOCK, BLOCK, BLOCK]
+    starts = np.cumsum([0, *sizes])
+    blocks = [binary_reader._Block(4, i, int(starts[i]), int(starts[i + 1]), int(starts[i]), 0)
+              for i in range(len(sizes))]
+    runs = binary_reader._runs(blocks)
+    assert [b for run in runs for b in run] == blocks
+    assert [blocks[2]] in runs
+
+
+def test_the_combine_cache_is_bounded():
+    """``_shift`` is cached per appended length: bounded, whatever lengths a process sees."""
+    for n in range(1, 300):
+        assert crc32_combine(zlib.crc32(b"a"), zlib.crc32(bytes(n)), n) == zlib.crc32(
+            b"a" + bytes(n))
+    assert C._shift.cache_info().maxsize is not None
+    assert C._shift.cache_info().currsize <= C._shift.cache_info().maxsize
 
 
 @pytest.mark.parametrize(("first", "second"), [(0, 7), (7, 0), (1, 1), (4096, 4096 * 3 + 7),
