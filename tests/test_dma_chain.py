@@ -154,3 +154,20 @@ def test_an_empty_chain_checks_and_queues_nothing():
     assert chained(dev, buf, [], after=foreign) == per_copy(dev, buf, [], after=foreign) == []
     dev.synchronize()
     assert dev.stats()["dma.transfers"] == 0 and dev.now == 0
+
+
+def test_asking_for_a_mapping_that_does_not_start_there_is_a_dma_fault():
+    """``HostMap.mapping`` (what the chain hands the DMA engine) names the address it was asked
+    for, as ``unmap`` does; a mapping's own start gives its bytes."""
+    dev = Device(SMALL)
+    host = np.arange(64, dtype=np.uint8)
+    iova = dev.map_host(host)
+    root, shared = dev.host_map.mapping(iova)
+    assert bytes(root) == host.tobytes() and not shared
+    for address in (iova + 1, iova + (1 << 40)):
+        with pytest.raises(DmaFault, match=rf"mapping\({address:#x}\): no mapping starts "
+                                           r"there \(1 mapped\)"):
+            dev.host_map.mapping(address)
+    dev.unmap_host(iova)
+    with pytest.raises(DmaFault, match=r"no mapping starts there \(0 mapped\)"):
+        dev.host_map.mapping(iova)
