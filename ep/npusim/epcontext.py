@@ -208,8 +208,8 @@ class WeightChecks:
                 binary.verify_weights()
             except InvalidGraph as exc:
                 first = first or E.load_error(f"EPContext node {node!r}: {exc.message}")
-        if first is not None:
-            raise first
+        if first is not None:  # the block, not whatever failed while it was checked
+            raise first from None
 
 
 def _open(info: E.EpContextNode, context: ProviderContext, config: DeviceConfig,
