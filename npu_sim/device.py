@@ -96,7 +96,7 @@ class Device:
         """Copy all of ``host_array`` to ``dst`` at ``dst_offset``; an event for its arrival.
         ``share``: as for :meth:`map_host` (weights from a mapped file are referred to)."""
         array = self._host_array(host_array, writable=False)
-        self._check_range(dst, dst_offset, array.nbytes, "dst")
+        dst_offset = self._check_range(dst, dst_offset, array.nbytes, "dst")
         return self._copy_host(array, dst.address + dst_offset, to_device=True,
                                deps=self._events(deps), share=share)
 
@@ -106,9 +106,17 @@ class Device:
         """Copy each ``(host_array, dst_offset)`` of ``copies`` to ``dst``, one transfer each,
         every one queued behind the previous one's arrival (the first behind ``after``); their
         arrival events. The same as :meth:`memcpy_h2d_async` once per copy with the previous
-        event as ``deps`` (the same mappings, transfers, chunks, cycles and trace records, the
-        same faults), with the buffer and the dependency checked once for the chain: the
-        firmware streams a program's weights so, one transfer per weight."""
+        event as ``deps`` (the same mappings, transfers, chunks, cycles and trace records), with
+        the buffer and the dependency checked once for the chain: the firmware streams a
+        program's weights so, one transfer per weight.
+
+        Faults are the per-copy calls' (the same :class:`DmaFault`; the copies before a
+        faulting one are queued) except which one is raised when several things are wrong at
+        the first copy: the chain checks ``dst``, ``after``, the first host array, its offset,
+        in that order; the per-copy calls the host array, ``dst``, the offset, ``after``. With
+        no copies nothing is checked or queued, as no per-copy call is made."""
+        if not copies:
+            return []
         self._check_range(dst, 0, 0, "dst")
         deps = self._events(() if after is None else (after,))
         arrivals: list[simpy.Event] = []
@@ -116,7 +124,7 @@ class Device:
         for host_array, offset in copies:
             array = self._host_array(host_array, writable=False)
             if type(offset) is not int or not 0 <= offset <= dst.nbytes - array.nbytes:
-                self._check_range(dst, offset, array.nbytes, "dst")  # the full check
+                offset = self._check_range(dst, offset, array.nbytes, "dst")  # the full check
             if array.nbytes == 0 or (base + offset) % DMA_ALIGNMENT:  # the general path's case
                 done = self._copy_host(array, base + offset, to_device=True, deps=deps,
                                        share=share)
@@ -133,7 +141,7 @@ class Device:
                          *, deps: Sequence[simpy.Event] = ()) -> simpy.Event:
         """Fill ``host_array`` from ``src`` at ``src_offset``; an event for its arrival."""
         array = self._host_array(host_array, writable=True)
-        self._check_range(src, src_offset, array.nbytes, "src")
+        src_offset = self._check_range(src, src_offset, array.nbytes, "src")
         return self._copy_host(array, src.address + src_offset, to_device=False,
                                deps=self._events(deps), share=False)
 
@@ -141,8 +149,9 @@ class Device:
                          dst_offset: int = 0, src_offset: int = 0,
                          *, deps: Sequence[simpy.Event] = ()) -> simpy.Event:
         """Copy ``nbytes`` within HBM from ``src`` (+offset) to ``dst`` (+offset)."""
-        self._check_range(src, src_offset, nbytes, "src")
-        self._check_range(dst, dst_offset, nbytes, "dst")
+        src_offset = self._check_range(src, src_offset, nbytes, "src")
+        dst_offset = self._check_range(dst, dst_offset, nbytes, "dst")
+        nbytes = int(nbytes)
         return self.dma.transfer(src.address + src_offset, dst.address + dst_offset, nbytes,
                                  deps=self._events(deps))
 
@@ -193,7 +202,10 @@ class Device:
             raise DmaFault("npu.dma", "host array is read-only; a d2h copy needs to write it")
         return array
 
-    def _check_range(self, buf: DeviceBuffer, offset: int, nbytes: int, role: str) -> None:
+    def _check_range(self, buf: DeviceBuffer, offset: int, nbytes: int, role: str) -> int:
+        """``offset`` as an int (a numpy integer would reach the trace's records), once ``buf``
+        is a live buffer of this device and ``[offset, offset + nbytes)`` lies in it; else
+        :class:`DmaFault`."""
         if not isinstance(buf, DeviceBuffer) or buf.device_id != self.id or buf.freed:
             raise DmaFault("npu.dma", f"{role}={buf!r} is not a live buffer of device {self.id}")
         if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) \
@@ -203,6 +215,7 @@ class Device:
         if offset < 0 or nbytes < 0 or offset + nbytes > buf.nbytes:
             raise DmaFault("npu.dma", f"{role} range [{offset}, {offset}+{nbytes}) is outside "
                                       f"the buffer's {buf.nbytes} bytes")
+        return int(offset)
 
     # -- statistics ---------------------------------------------------------------------------
 

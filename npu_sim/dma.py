@@ -131,8 +131,13 @@ class HostMap:
 
     def mapping(self, iova: int) -> tuple[np.ndarray, bool]:
         """The mapping starting at ``iova``: its flat ``uint8`` array, and whether HBM may refer
-        to its bytes (made with ``share=True`` over immutable bytes)."""
-        return self._arrays[iova], iova in self._shared
+        to its bytes (made with ``share=True`` over immutable bytes); DmaFault if no mapping
+        starts there."""
+        try:
+            return self._arrays[iova], iova in self._shared
+        except KeyError:
+            raise DmaFault(self.scope, f"mapping({iova:#x}): no mapping starts there "
+                                       f"({len(self._starts)} mapped)") from None
 
     def shared_source(self, iova: int, nbytes: int) -> tuple[np.ndarray, int] | None:
         """``(whole mapped array, offset)`` of a range in a shared mapping (``map(share=True)``

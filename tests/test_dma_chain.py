@@ -9,6 +9,7 @@ test runs both on two identical devices and compares them.
 
 from __future__ import annotations
 
+import json
 import mmap
 import re
 
@@ -123,3 +124,50 @@ def test_freeing_the_buffer_in_flight_fails_the_chain_as_it_fails_a_copy():
         return info.value.args, [e.ok for e in arrivals if e.triggered], dev.now
 
     assert attempt(chained) == attempt(per_copy)
+
+
+def test_numpy_integer_offsets_reach_the_trace_as_ints():
+    """Offsets may be numpy integers (the firmware's come from arrays); the trace records an
+    int address, as it does for an int offset, and a profile of them is JSON."""
+    def records(start, offsets):
+        dev = Device(SMALL)
+        buf = dev.malloc(64 * 1024)
+        hosts = [np.ones(4096, np.uint8), np.ones(100, np.uint8)]  # aligned, then not
+        start(dev, buf, list(zip(hosts, offsets, strict=True)))
+        dev.synchronize()
+        return [r.work for r in dev.trace.records]
+
+    want = records(per_copy, [0, 4100])
+    for start in (per_copy, chained):
+        got = records(start, [np.int64(0), np.int64(4100)])
+        assert got == want
+        assert json.dumps(got) == json.dumps(want)
+        assert all(type(work[key]) is int for work in got for key in ("src", "dst"))
+
+
+def test_an_empty_chain_checks_and_queues_nothing():
+    """No copies, as no per-copy call: even a freed buffer and a foreign ``after`` pass."""
+    dev, other = Device(SMALL), Device(SMALL)
+    buf = dev.malloc(4096)
+    dev.free(buf)
+    foreign = other.memcpy_h2d_async(other.malloc(64), np.ones(64, np.uint8))
+    assert chained(dev, buf, [], after=foreign) == per_copy(dev, buf, [], after=foreign) == []
+    dev.synchronize()
+    assert dev.stats()["dma.transfers"] == 0 and dev.now == 0
+
+
+def test_asking_for_a_mapping_that_does_not_start_there_is_a_dma_fault():
+    """``HostMap.mapping`` (what the chain hands the DMA engine) names the address it was asked
+    for, as ``unmap`` does; a mapping's own start gives its bytes."""
+    dev = Device(SMALL)
+    host = np.arange(64, dtype=np.uint8)
+    iova = dev.map_host(host)
+    root, shared = dev.host_map.mapping(iova)
+    assert bytes(root) == host.tobytes() and not shared
+    for address in (iova + 1, iova + (1 << 40)):
+        with pytest.raises(DmaFault, match=rf"mapping\({address:#x}\): no mapping starts "
+                                           r"there \(1 mapped\)"):
+            dev.host_map.mapping(address)
+    dev.unmap_host(iova)
+    with pytest.raises(DmaFault, match=r"no mapping starts there \(0 mapped\)"):
+        dev.host_map.mapping(iova)

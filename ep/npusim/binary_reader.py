@@ -197,11 +197,18 @@ core the loading thread needed (BERT's load spent 3-7 ms waiting to be scheduled
 
 
 _SEGMENT = 448 << 20
-"""The most bytes of weight blocks one CRC-32 call checks. A run of blocks is checked by one
-call and compared with the blocks' stored CRC-32s combined (:mod:`ep.npusim.crc32_combine`):
-CRC-32 detects every error of up to 3 bits in a message under 2^32 bits (512 MiB), so a run's
-check keeps the guarantees of its blocks' checks; a mismatch is then located block by block,
-and reported as before."""
+"""The most bytes of weight blocks one CRC-32 call checks (but for one block larger than this,
+up to ``L.MAX_BLOCK``, checked alone). A run of blocks is checked by one call and compared with
+the blocks' stored CRC-32s combined (:mod:`ep.npusim.crc32_combine`); a mismatch is then located
+block by block, and reported as before.
+
+What a run's check guarantees: CRC-32 has Hamming distance 3 below 2^32 bits (512 MiB), so it
+detects every error of up to 2 bits in the run and every burst of up to 32 bits, and misses any
+other error pattern with probability 2^-32. That is weaker than a check per block for patterns
+of 3 or more bit errors spread over several blocks: the blocks' checks catch such a pattern
+whenever one block holds at most 2 of its bits (or only a burst of up to 32), the run's may not
+(4 flipped bits in 4 different 4 KiB blocks of a 128 KiB run can cancel out). Runs are kept for
+speed: a call per block made BERT's load wait on the GIL between calls (``_HEAD``)."""
 
 _HEAD = 3 / 4
 """The share of the weights the thread checks in its first call. A call releases the GIL once;
@@ -221,10 +228,10 @@ takes, so a tail would only wait for the loading thread (EfficientNet's 21 MiB).
 
 @functools.cache
 def _pool() -> ThreadPoolExecutor:
-    """The checksum thread, started once: starting two threads per load cost ~2.5 ms of a
-    ~20 ms EPContext load, more on a busy machine."""
+    """The checksum thread (``_WORKERS``, one), verifying weight blocks beside the loading
+    thread (``L.crc32`` releases the GIL); started once, not per load: starting threads per
+    load cost ~2.5 ms of a ~20 ms EPContext load, more on a busy machine."""
     return ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="npu_sim-crc")
-"""Threads verifying weight blocks (``L.crc32`` releases the GIL)."""
 
 
 @dataclass(frozen=True)
@@ -282,7 +289,8 @@ def _verify(blocks: list[_Block], crcs: list[int]) -> None:
 def _runs(blocks: list[_Block]) -> list[list[_Block]]:
     """Consecutive blocks grouped into runs, one block at least each: a first run of about
     ``_HEAD`` of the bytes (all up to ``_WHOLE``), then runs of a ``_TAIL``-th of the rest; none
-    over ``_SEGMENT``."""
+    over ``_SEGMENT`` but a single block larger than it (a file's blocks may be up to
+    ``L.MAX_BLOCK``, 1 GiB), which is a run alone, checked against its own stored CRC-32."""
     if not blocks:
         return []
     total = blocks[-1].end - blocks[0].start
@@ -321,7 +329,7 @@ class _Checks:
 
     def wait(self) -> None:
         """Every run checked; raise the first bad block's error (the views into the binary are
-        released first)."""
+        released first), or, when no block of a bad run is bad read again, that run's."""
         futures, self._futures = self._futures, []
         views, self._views = self._views, []
         crcs: list[int | None] = [None] * len(futures)
@@ -338,7 +346,21 @@ class _Checks:
             views.clear()
             del whole
             _verify(run, block_crcs)
+            raise _changed_error(run, crcs[bad[0]], expected[bad[0]])
         views.clear()
+
+
+def _changed_error(run: list[_Block], computed: int, expected: int) -> InvalidGraph:
+    """A run whose CRC-32 was wrong while each of its blocks, read again, is right: its bytes
+    changed between the reads (a file rewritten under its mapping)."""
+    first, last = run[0], run[-1]
+    return InvalidGraph(
+        f"checksum mismatch in section #{first.section} (weights), bytes [{first.offset}, "
+        f"{last.offset + last.end - last.start}) of the section (blocks {first.index} to "
+        f"{last.index}): computed crc32 0x{computed:08x}, the blocks' stored crc32s combine to "
+        f"0x{expected:08x}, but every block matched when read again: the bytes changed while "
+        "they were checked (was the file modified during the load?)"
+    )
 
 
 def _crc32_then_drop(block: memoryview) -> int:
@@ -364,6 +386,7 @@ class ContextBinary:
                  defer_weights: bool = False, _mapping: mmap.mmap | None = None) -> None:
         self.source = source
         self._checks: _Checks | None = None
+        self._weights_error: InvalidGraph | None = None  # a bad block, once found
         self._mapping = _mapping
         self._closed = False
         view = memoryview(data).cast("B").toreadonly()
@@ -390,26 +413,26 @@ class ContextBinary:
         """Every external weight the binary refers to (path, size, offset, id), in its order."""
         # The weights' blocks are verified while the records are decoded (and, with
         # ``defer_weights``, while the caller goes on until verify_weights); a bad block is
-        # reported first (checksums come before records).
+        # reported first (checksums come before records): whatever fails once the checks run
+        # waits for them.
         checks = _Checks(view, blocks)
         try:
             programs = decoder.graphs()
+            self._sources = decoder.sources
+            self._digests = decoder.digests(list(programs))
+            self.weights_summary = WeightsSummary(
+                blobs=len(decoder.blobs), references=len(decoder.references),
+                referenced_bytes=sum(decoder.references),
+                distinct_bytes=sum(length for _, _, length in decoder.blobs),
+                section_bytes=by_kind[L.SectionKind.WEIGHTS].length,
+            )
         except BaseException:
             checks.wait()
             raise
-        if defer_weights:
-            self._checks = checks
-        else:
+        if not defer_weights:
             checks.wait()
         self._programs = programs
-        self._sources = decoder.sources
-        self._digests = decoder.digests(list(programs))
-        self.weights_summary = WeightsSummary(
-            blobs=len(decoder.blobs), references=len(decoder.references),
-            referenced_bytes=sum(decoder.references),
-            distinct_bytes=sum(length for _, _, length in decoder.blobs),
-            section_bytes=by_kind[L.SectionKind.WEIGHTS].length,
-        )
+        self._checks = checks if defer_weights else None
 
     @classmethod
     def from_bytes(cls, data: bytes | bytearray | memoryview, *,
@@ -455,11 +478,16 @@ class ContextBinary:
 
     def verify_weights(self) -> None:
         """Wait for the weight blocks still being checksummed (opened with ``defer_weights``);
-        a bad block raises :class:`~ep.errors.InvalidGraph` naming it, as opening would have.
-        Returns at once when nothing is pending."""
+        a bad block raises :class:`~ep.errors.InvalidGraph` naming it, as opening would have,
+        and so does every later call. Returns at once when nothing is pending."""
         checks, self._checks = self._checks, None
         if checks is not None:
-            checks.wait()
+            try:
+                checks.wait()
+            except InvalidGraph as exc:
+                self._weights_error = exc
+        if self._weights_error is not None:
+            raise InvalidGraph(self._weights_error.message)
 
     def graph_names(self) -> list[str]:
         """The graph names, in file order."""

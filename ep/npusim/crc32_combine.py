@@ -1,9 +1,10 @@
 """CRC-32 (zlib's) of a concatenation from the CRC-32s of its parts, as zlib's ``crc32_combine``.
 
-A context binary stores the CRC-32 of every 4 MiB block of its weights. A reader that checks a
-run of blocks with one CRC-32 call over the whole run (one call releases the GIL once, where a
-call per block needs it back between blocks) compares the result with the blocks' stored
-CRC-32s combined: ``crc(A + B) = crc(A) * x^(8 len(B)) mod P  xor  crc(B)``, in the reflected bit
+A context binary stores the CRC-32 of every block of its weights (the block size is the file's:
+a power of two from 4 KiB to 1 GiB, 4 MiB as this SDK writes). A reader that checks a run of
+blocks with one CRC-32 call over the whole run (one call releases the GIL once, where a call per
+block needs it back between blocks) compares the result with the blocks' stored CRC-32s
+combined: ``crc(A + B) = crc(A) * x^(8 len(B)) mod P  xor  crc(B)``, in the reflected bit
 order zlib uses (the initial and final inversions cancel out). The arithmetic is zlib's
 ``multmodp`` / ``x2nmodp`` (``crc32.c``, 1.2.12 and later).
 """
@@ -33,7 +34,7 @@ def _x2n(k: int) -> int:
     return 1 << 30 if k == 0 else _multmodp(_x2n(k - 1), _x2n(k - 1))
 
 
-@functools.cache
+@functools.lru_cache(maxsize=64)  # a file's blocks have one length, but for its last
 def _shift(nbytes: int) -> int:
     """``x^(8 nbytes) mod P``: what appending ``nbytes`` bytes multiplies a CRC-32 by."""
     p, n, k = 1 << 31, nbytes, 3

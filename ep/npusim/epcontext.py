@@ -22,9 +22,11 @@ Loading: :func:`context_capability` claims the EPContext nodes whose ``source`` 
 absent, as TensorRT accepts old models); :func:`load_programs` opens every main node's binary
 (once per file), checks SDK version, architecture and config digest, and finds each node's
 program by graph name. Every failure is ``InvalidGraph`` starting with
-``Failed to load from EpContext model.``. A binary's weights are still being checksummed
-on a thread when :func:`load_programs` returns (:class:`WeightChecks`): the provider places
-them meanwhile and waits before the load succeeds.
+``Failed to load from EpContext model.``. With ``defer_weights`` (the provider's runtime is its
+session's alone) a binary's weights are still being checksummed on a thread when
+:func:`load_programs` returns (:class:`WeightChecks`): the provider places them meanwhile and
+waits before the load succeeds. On a runtime other sessions share, or a device the caller gave,
+they are verified before anything is placed: a failed load places nothing there.
 """
 
 from __future__ import annotations
@@ -206,13 +208,13 @@ class WeightChecks:
                 binary.verify_weights()
             except InvalidGraph as exc:
                 first = first or E.load_error(f"EPContext node {node!r}: {exc.message}")
-        if first is not None:
-            raise first
+        if first is not None:  # the block, not whatever failed while it was checked
+            raise first from None
 
 
 def _open(info: E.EpContextNode, context: ProviderContext, config: DeviceConfig,
           opened: dict[Path, ContextBinary], wanted: set[str],
-          acquire: Acquire | None, checks: WeightChecks) -> ContextBinary:
+          acquire: Acquire | None, checks: WeightChecks, defer: bool) -> ContextBinary:
     try:
         if info.embed_mode == 1:
             if not info.ep_cache_context:
@@ -222,7 +224,7 @@ def _open(info: E.EpContextNode, context: ProviderContext, config: DeviceConfig,
                                               expected_architecture=config.name,
                                               expected_config_digest=config.digest,
                                               external_folder=_folder_or_none(context),
-                                              defer_weights=True)
+                                              defer_weights=defer)
             checks.opened.append((info.name, binary))
             return binary
         path = E.resolve_context_file(info.ep_cache_context, E.context_folder(context),
@@ -232,7 +234,7 @@ def _open(info: E.EpContextNode, context: ProviderContext, config: DeviceConfig,
                 # A binary shared through the workspace outlives this load: verified whole.
                 return ContextBinary.open(target, expected_architecture=config.name,
                                           expected_config_digest=config.digest,
-                                          defer_weights=acquire is None)
+                                          defer_weights=defer and acquire is None)
             opened[path] = opener(path) if acquire is None else acquire(path, wanted, opener)
             checks.opened.append((info.name, opened[path]))
         return opened[path]
@@ -243,14 +245,18 @@ def _open(info: E.EpContextNode, context: ProviderContext, config: DeviceConfig,
 
 
 def load_programs(fused_nodes: Sequence[FusedNode], context: ProviderContext,
-                  config: DeviceConfig, acquire: Acquire | None = None,
+                  config: DeviceConfig, acquire: Acquire | None = None, *,
+                  defer_weights: bool,
                   ) -> tuple[list[Program], list[ContextBinary], WeightChecks]:
     """The program of each EPContext fused node (in order), the binaries opened (keep them
     alive while the programs' weights are in use), and the weight checks still running: the
     caller may place the weights meanwhile and must :meth:`~WeightChecks.wait` before the load
-    succeeds (and before reporting any other error: a bad block is reported first). With
-    ``acquire``, binary files are obtained through it (shared between sessions) instead of
-    opened here, and verified whole.
+    succeeds (and before reporting any other error: a bad block is reported first). Only with
+    ``defer_weights``: a caller placing on a runtime or device it does not own alone passes
+    False, and every binary's weights are verified before this returns (a load that then fails
+    would leave its allocations and queued uploads in the shared device). With ``acquire``,
+    binary files are obtained through it (shared between sessions) instead of opened here, and
+    verified whole.
 
     A node's graph is looked up in the binary its ``ep_cache_context`` names (a file), or, for
     an embedded payload, in its own main node's binary; two binaries may each hold a graph of
@@ -262,7 +268,7 @@ def load_programs(fused_nodes: Sequence[FusedNode], context: ProviderContext,
         _check_node(info, config)
     checks = WeightChecks()
     try:
-        programs, binaries = _load(infos, context, config, acquire, checks)
+        programs, binaries = _load(infos, context, config, acquire, checks, defer_weights)
     except BaseException:
         checks.wait()
         raise
@@ -270,7 +276,7 @@ def load_programs(fused_nodes: Sequence[FusedNode], context: ProviderContext,
 
 
 def _load(infos: list[E.EpContextNode], context: ProviderContext, config: DeviceConfig,
-          acquire: Acquire | None, checks: WeightChecks,
+          acquire: Acquire | None, checks: WeightChecks, defer: bool,
           ) -> tuple[list[Program], list[ContextBinary]]:
     opened: dict[Path, ContextBinary] = {}
     binaries: list[ContextBinary] = []
@@ -279,7 +285,7 @@ def _load(infos: list[E.EpContextNode], context: ProviderContext, config: Device
     embedded: list[ContextBinary] = []
     for k, info in enumerate(infos):
         if info.main_context:
-            binary = _open(info, context, config, opened, wanted, acquire, checks)
+            binary = _open(info, context, config, opened, wanted, acquire, checks, defer)
             if binary not in binaries:
                 binaries.append(binary)
             owner[k] = binary

@@ -158,6 +158,10 @@ class NpuSimExecutionProvider(ExecutionProvider):
             self.runtime = workspace().runtime(key, self._new_runtime)
         else:
             self.runtime = self._new_runtime()
+        self._private = given is None and not (self.share and not self.generating)
+        """Whether the runtime is this session's alone: only then may an EPContext load place
+        weights before their checksums are known (a failed load's allocations and queued uploads
+        go with the session)."""
         self._declined: tuple[GraphView, dict[int, str]] | None = None
         self._staged: Staged | None = None
         self.programs: dict[str, Program] = {}
@@ -231,11 +235,13 @@ class NpuSimExecutionProvider(ExecutionProvider):
         if contexts:
             acquire = workspace().acquire_binary if self.share else None
             programs, binaries, checks = npu_epcontext.load_programs(
-                contexts, self.context, self.config, acquire)
+                contexts, self.context, self.config, acquire,
+                defer_weights=self._private and not self._weight_memory)
             self._context_binaries.extend(binaries)
             loaded = {f.name: p for f, p in zip(contexts, programs, strict=True)}
-        # A binary's weights are checksummed on a thread while the programs are placed;
-        # the load succeeds, or fails for anything else, only once they are verified.
+        # On a private runtime a binary's weights are checksummed on a thread while the
+        # programs are placed; the load succeeds, or fails for anything else, only once they
+        # are verified. On a shared runtime or the caller's device (or memory) they already are.
         try:
             compiled = self._compile(fused_nodes, loaded)
         except BaseException:

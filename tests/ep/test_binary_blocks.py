@@ -9,6 +9,7 @@ program's WEIGHTS region, so the loader moves them as one DMA.
 from __future__ import annotations
 
 import struct
+import threading
 import zlib
 
 import numpy as np
@@ -17,6 +18,7 @@ import pytest
 from ep.errors import InvalidArgument, InvalidGraph
 from ep.npusim import binary_layout as L
 from ep.npusim import binary_reader
+from ep.npusim import crc32_combine as C
 from ep.npusim.binary import ContextBinary, pack_context
 from ep.npusim.crc32_combine import crc32_combine
 from firmware_model import Firmware
@@ -45,13 +47,14 @@ def sections(data: bytes) -> dict[str, tuple[int, L.SectionEntry]]:
 
 
 def reseal(data: bytearray) -> bytes:
-    """Recompute the section-table and header CRC-32s (and the checksums section's own)."""
+    """Recompute the section-table and header CRC-32s and every section's own but the weights'
+    (whose blocks stay as they are)."""
     fields = L.HEADER.unpack_from(data, 0)
     count, table = fields[5], fields[6]
     for i in range(count):
         at = table + i * L.SECTION.size
         kind, _, offset, length, _, _ = L.SECTION.unpack_from(data, at)
-        if kind == L.SectionKind.WEIGHT_CHECKSUMS:
+        if kind != L.SectionKind.WEIGHTS:
             struct.pack_into("<I", data, at + 24, zlib.crc32(data[offset:offset + length]))
     struct.pack_into("<I", data, L.HEADER.size - 4,
                      zlib.crc32(data[table:table + count * L.SECTION.size]))
@@ -78,8 +81,8 @@ def verifier(request, monkeypatch):
 @pytest.mark.parametrize("size", [0, 1, BLOCK, 10 * BLOCK + 5, 413 << 20, 1100 << 20])
 def test_runs_cover_every_block_once_in_order(size):
     """Up to ``_WHOLE`` one run, else a first run of about three quarters of the bytes, then
-    short runs; none over ``_SEGMENT`` (one CRC-32 call keeps the per-block guarantees only
-    under 512 MiB)."""
+    short runs; none over ``_SEGMENT`` (a CRC-32 detects every 2-bit error only under 2^32
+    bits, 512 MiB)."""
     block = 4 << 20 if size > BLOCK * 100 else BLOCK
     blocks = [binary_reader._Block(4, i, i * block, min((i + 1) * block, size), i * block, 0)
               for i in range(-(-size // block))]
@@ -94,6 +97,29 @@ def test_runs_cover_every_block_once_in_order(size):
         assert max(sizes[1:]) < sizes[0]
 
 
+def test_a_block_larger_than_a_run_is_a_run_alone(monkeypatch):
+    """A file's blocks may be up to ``L.MAX_BLOCK`` (1 GiB), more than ``_SEGMENT``: such a block
+    is checked alone, against its own stored CRC-32, never with its neighbours."""
+    monkeypatch.setattr(binary_reader, "_SEGMENT", 2 * BLOCK)
+    monkeypatch.setattr(binary_reader, "_WHOLE", 0)
+    sizes = [BLOCK, BLOCK, 3 * BLOCK, BLOCK, BLOCK]
+    starts = np.cumsum([0, *sizes])
+    blocks = [binary_reader._Block(4, i, int(starts[i]), int(starts[i + 1]), int(starts[i]), 0)
+              for i in range(len(sizes))]
+    runs = binary_reader._runs(blocks)
+    assert [b for run in runs for b in run] == blocks
+    assert [blocks[2]] in runs
+
+
+def test_the_combine_cache_is_bounded():
+    """``_shift`` is cached per appended length: bounded, whatever lengths a process sees."""
+    for n in range(1, 300):
+        assert crc32_combine(zlib.crc32(b"a"), zlib.crc32(bytes(n)), n) == zlib.crc32(
+            b"a" + bytes(n))
+    assert C._shift.cache_info().maxsize is not None
+    assert C._shift.cache_info().currsize <= C._shift.cache_info().maxsize
+
+
 @pytest.mark.parametrize(("first", "second"), [(0, 7), (7, 0), (1, 1), (4096, 4096 * 3 + 7),
                                                (100, 1 << 20), (1 << 22, 12345)])
 def test_crc32_combine_is_zlibs(first, second):
@@ -104,16 +130,17 @@ def test_crc32_combine_is_zlibs(first, second):
 
 def test_a_deferred_check_reports_a_bad_block_when_waited_for():
     """``defer_weights``: the programs come back while the checksum thread still runs; the bad
-    block is the error of verify_weights, and closing never reports it."""
+    block is the error of verify_weights, of every call of it, and closing never reports it."""
     data = packed(LARGE)
     index, weights = sections(data)["weights"]
     bad = bytearray(data)
     bad[weights.offset + 2 * BLOCK + 9] ^= 0x01
     binary = ContextBinary.from_bytes(bytes(bad), defer_weights=True)
     assert binary.graph_names() == ["g"]
-    with pytest.raises(InvalidGraph, match=rf"section #{index} \(weights\), block 2 "):
-        binary.verify_weights()
-    binary.verify_weights()  # once reported, nothing is pending
+    for _ in range(2):  # once found, a bad block stays the binary's error
+        with pytest.raises(InvalidGraph, match=rf"section #{index} \(weights\), block 2 "):
+            binary.verify_weights()
+    binary.close()
     ContextBinary.from_bytes(bytes(bad), defer_weights=True).close()
     good = ContextBinary.from_bytes(data, defer_weights=True)
     good.verify_weights()
@@ -157,6 +184,52 @@ def test_a_bad_block_is_reported_before_a_bad_record(verifier):
                                                      records.length]))
     with pytest.raises(InvalidGraph, match=r"\(weights\), block 0 "):
         ContextBinary.from_bytes(reseal(data))
+
+
+def test_weights_that_change_between_reads_are_refused(verifier, monkeypatch):
+    """A run's CRC-32 is computed over bytes that differ from those its blocks are checked
+    against again (the file changed under the mapping): the load fails naming the run, it does
+    not go on with weights nobody verified."""
+    data = bytearray(packed(LARGE))
+    index, weights = sections(bytes(data))["weights"]
+    checked = binary_reader._crc32_then_drop
+    lock = threading.Lock()
+
+    def changing(run: memoryview) -> int:  # the byte is wrong only while a run is checked
+        with lock:
+            data[weights.offset + 9] ^= 1
+            try:
+                return checked(run)
+            finally:
+                data[weights.offset + 9] ^= 1
+
+    monkeypatch.setattr(binary_reader, "_crc32_then_drop", changing)
+    first = binary_reader._runs(binary_reader._weight_blocks(
+        memoryview(bytes(data)), index, weights, sections(bytes(data))["weight_checksums"][1]))[0]
+    end = first[-1].end - weights.offset
+    for defer in (False, True):
+        with pytest.raises(InvalidGraph) as info:
+            ContextBinary.from_bytes(data, defer_weights=defer).verify_weights()
+        assert f"checksum mismatch in section #{index} (weights), bytes [0, {end}) of the " \
+               f"section (blocks 0 to {first[-1].index})" in info.value.message
+        assert "the bytes changed while they were checked" in info.value.message
+
+
+@pytest.mark.parametrize("defer", [False, True])
+def test_a_bad_block_is_reported_before_a_bad_digest_table(verifier, defer):
+    """A problem found after the records (2 digests for 1 graph) is reported as the bad block
+    too, also when the checks are deferred: everything after the checks start waits for them."""
+    data = bytearray(packed(LARGE))
+    index, weights = sections(bytes(data))["weights"]
+    _, digests = sections(bytes(data))["graph_digests"]
+    data[weights.offset + 2 * BLOCK + 9] ^= 1
+    struct.pack_into("<I", data, digests.offset, 2)
+    sound = bytearray(packed(LARGE))
+    struct.pack_into("<I", sound, digests.offset, 2)
+    with pytest.raises(InvalidGraph, match="section graph_digests: 2 digests for 1 graphs"):
+        ContextBinary.from_bytes(reseal(sound), defer_weights=defer)  # the digests alone
+    with pytest.raises(InvalidGraph, match=rf"section #{index} \(weights\), block 2 "):
+        ContextBinary.from_bytes(reseal(data), defer_weights=defer)
 
 
 @pytest.mark.parametrize(("patch", "message"), [

@@ -11,11 +11,14 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
+from test_binary_blocks import BLOCK, LARGE, packed, sections
 from test_session import X, mixed_model
 from toy_ep import ToyExecutionProvider
 
 import ep
 from ep.framework import epcontext as E
+from ep.npusim.binary import ContextBinary
+from ep.npusim.epcontext import WeightChecks
 
 LIGHT = Path(onnx.__file__).parent / "backend/test/data/light/light_resnet50.onnx"
 
@@ -164,8 +167,6 @@ def test_a_bad_weight_block_fails_the_load_it_was_checked_during(tmp_path: Path)
     """A binary's weights are checksummed on a thread while the programs are placed: a bad
     block still fails the load with the load error naming the node, also when the load fails
     for another reason too (the block is reported first, as when checked at open)."""
-    from ep.npusim.binary import ContextBinary
-
     w = np.random.default_rng(0).standard_normal((3, 3)).astype(np.float32)
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
@@ -212,6 +213,23 @@ def test_a_bad_weight_block_fails_the_load_it_was_checked_during(tmp_path: Path)
     with pytest.raises(ep.InvalidGraph) as info:
         ep.InferenceSession(str(path))
     assert "(weights), block 0" in info.value.message
+
+
+def test_a_bad_block_found_while_another_error_is_handled_is_not_chained_to_it() -> None:
+    """The load reports the bad block instead of the error it was waited for in (load_programs
+    and compile wait inside their ``except``): the block's error does not show that one as the
+    exception it happened while handling."""
+    data = bytearray(packed(LARGE))
+    data[sections(bytes(data))["weights"][1].offset + BLOCK] ^= 1
+    checks = WeightChecks([("node", ContextBinary.from_bytes(bytes(data), defer_weights=True))])
+    with pytest.raises(ep.InvalidGraph) as info:
+        try:
+            raise ep.InvalidGraph("the binding")
+        except ep.InvalidGraph:
+            checks.wait()
+    assert info.value.message.startswith(f"{E.LOAD_ERROR} EPContext node 'node': checksum "
+                                         "mismatch in section #4 (weights), block 1 ")
+    assert info.value.__suppress_context__ and info.value.__cause__ is None
 
 
 def test_nodes_of_other_sources_are_not_taken(tmp_path: Path) -> None:

@@ -14,8 +14,11 @@ from npusim_graphs import matmul_add, ort_run, random_feed
 
 import ep
 from ep.framework import epcontext as E
+from ep.framework.provider import ProviderContext
+from ep.npusim import NpuSimExecutionProvider
 from ep.npusim.binary import ContextBinary
 from ep.npusim.shared import workspace
+from npu_sim import Device
 
 NPU = "NpuSimExecutionProvider"
 
@@ -335,3 +338,70 @@ def test_eight_threads_on_instances_sharing_weights_get_serial_results(group: Pa
                                  range(len(feeds))))
     for got, want in zip(threaded, serial, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def corrupt_embedded_copy(folder: Path, name: str) -> Path:
+    """``name``'s ctx model generated alone in embed mode 1, and a copy of it, ``bad.onnx``,
+    whose binary has one bad weight byte."""
+    onnx.save(sources()[name], folder / f"{name}.onnx")
+    so = ep.SessionOptions()
+    so.add_session_config_entry("ep.context_enable", "1")
+    so.add_session_config_entry("ep.context_embed_mode", "1")
+    ep.InferenceSession(str(folder / f"{name}.onnx"), so, providers=[NPU])
+    model = onnx.load(folder / f"{name}_ctx.onnx")
+    attr = next(a for a in ctx_nodes(folder / f"{name}_ctx.onnx")[0].attribute
+                if a.name == "ep_cache_context")
+    data = bytearray(attr.s)
+    weights = next(s for s in ContextBinary.from_bytes(bytes(data)).sections
+                   if s.kind_name == "weights")
+    data[weights.offset + 5] ^= 0xFF
+    node = next(n for n in model.graph.node if E.is_ep_context_node(n))
+    next(a for a in node.attribute if a.name == "ep_cache_context").s = bytes(data)
+    onnx.save(model, folder / "bad.onnx")
+    return folder / "bad.onnx"
+
+
+@pytest.mark.parametrize("streaming", ["1", "0"])
+def test_a_failed_load_leaves_the_shared_device_as_it_was(tmp_path: Path, streaming: str) -> None:
+    """An embedded binary with a bad weight block fails its load in a sharing group; the shared
+    device keeps exactly the allocations it had, and the next run of a good session is the run
+    it makes with no failed load before it (no upload of the failed load runs in it)."""
+    bad = corrupt_embedded_copy(tmp_path, "m1")
+    so = ep.SessionOptions()
+    so.add_session_config_entry("ep.share_ep_contexts", "1")
+    providers = [(NPU, {"weight_streaming": streaming})]
+    feeds = random_feed(sources()["m1"], seed=5)
+
+    def first_run(failed_loads: int) -> tuple:
+        workspace().reset()
+        good = ep.InferenceSession(str(tmp_path / "m1_ctx.onnx"), so, providers=providers)
+        device = npu(good).runtime.device
+        allocations = device.stats()["hbm.allocations"]
+        for _ in range(failed_loads):
+            with pytest.raises(ep.InvalidGraph, match=r"\(weights\), block 0 "):
+                ep.InferenceSession(str(bad), so, providers=providers)
+            assert device.stats()["hbm.allocations"] == allocations
+        out = good.run(None, feeds)[0]
+        stats = device.stats()
+        return out, device.now, stats["dma.transfers"], stats["dma.h2d.bytes"], \
+            stats["hbm.allocations"], good.get_run_stats()[NPU]["cycles"]
+
+    alone, after_failures = first_run(0), first_run(2)
+    np.testing.assert_allclose(alone[0], ort_run(sources()["m1"], feeds)[0], rtol=1e-4,
+                               atol=1e-5)
+    np.testing.assert_array_equal(after_failures[0], alone[0])
+    assert after_failures[1:] == alone[1:]
+
+
+def test_a_failed_load_leaves_the_callers_device_as_it_was(tmp_path: Path) -> None:
+    """The same on a device the caller gave the provider: nothing of the failed load stays."""
+    bad = corrupt_embedded_copy(tmp_path, "m1")
+    device = Device("npu-m")
+    before = device.stats()
+    with pytest.raises(ep.InvalidGraph, match=r"\(weights\), block 0 "):
+        ep.InferenceSession(str(bad), providers=[
+            NpuSimExecutionProvider(ProviderContext(provider_options={}), device=device)])
+    device.synchronize()
+    after = device.stats()
+    assert (after["hbm.allocations"], after["dma.transfers"]) == \
+        (before["hbm.allocations"], before["dma.transfers"])
