@@ -242,13 +242,22 @@ class NpuSimExecutionProvider(ExecutionProvider):
         # On a private runtime a binary's weights are checksummed on a thread while the
         # programs are placed; the load succeeds, or fails for anything else, only once they
         # are verified. On a shared runtime or the caller's device (or memory) they already are.
+        before = set(self.nodes)
         try:
             compiled = self._compile(fused_nodes, loaded)
-        except BaseException:
             checks.wait()
+        except BaseException:
+            checks.wait()  # a bad weight block is the error reported, whatever else failed
+            self._discard(set(self.nodes) - before)
             raise
-        checks.wait()
         return compiled
+
+    def _discard(self, names: set[str]) -> None:
+        """Unload the nodes a failed :meth:`compile` loaded: on a shared or the caller's device
+        its allocations and queued uploads must not outlive it (they land, then are freed)."""
+        for name in names:
+            self.nodes.pop(name).release()
+            self.programs.pop(name, None)
 
     def _compile(self, fused_nodes: Sequence[FusedNode],
                  loaded: dict[str, Program]) -> list[CompiledNode]:

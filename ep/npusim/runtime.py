@@ -180,16 +180,16 @@ class NpuSimCompiledNode(CompiledNode):
         """While the session profiles: where each run's trace records go."""
         self._on_run = on_run
         self._settings = (input_names, stream, pinned)
-        with runtime.lock:
-            self.loaded = runtime.load(program, stream=stream, pinned=pinned)
         names = [t.name for t in program.input_descs()]
         given = list(input_names) if input_names is not None else names
         missing = [n for n in names if n not in given]
-        if missing:
+        if missing:  # before loading: nothing to free
             raise errors.InvalidGraph(f"NpuSim: program {program.name!r} needs inputs "
                                       f"{missing} that fused node {name!r} does not provide")
         self._positions = [given.index(n) for n in names]
         self._n_inputs = len(given)
+        with runtime.lock:
+            self.loaded = runtime.load(program, stream=stream, pinned=pinned)
 
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Outputs (in the fused node's order) from the inputs (in its order).

@@ -405,3 +405,50 @@ def test_a_failed_load_leaves_the_callers_device_as_it_was(tmp_path: Path) -> No
     after = device.stats()
     assert (after["hbm.allocations"], after["dma.transfers"]) == \
         (before["hbm.allocations"], before["dma.transfers"])
+
+
+@pytest.mark.parametrize("streaming", ["1", "0"])
+def test_a_load_failing_after_a_node_was_placed_leaves_the_shared_device_as_it_was(
+        tmp_path: Path, streaming: str) -> None:
+    """Two EPContext nodes; the second one's input binding is wrong, so the load fails after
+    the first node's program (and its weights) went onto the shared device: they are unloaded
+    again, and nothing of the failed load is left queued on the device."""
+    from test_epcontext_load import X, npu_cpu_model
+
+    onnx.save(npu_cpu_model(), tmp_path / "m.onnx")
+    gen = ep.SessionOptions()
+    gen.add_session_config_entry("ep.context_enable", "1")
+    gen.add_session_config_entry("ep.context_embed_mode", "1")
+    ep.InferenceSession(str(tmp_path / "m.onnx"), gen, providers=[NPU])
+    model = onnx.load(tmp_path / "m_ctx.onnx")
+    first, last = (n for n in model.graph.node if E.is_ep_context_node(n))
+    assert first.name != last.name
+    binding = next(v for v in [*model.graph.value_info, *model.graph.input]
+                   if v.name == last.input[0])
+    binding.type.tensor_type.elem_type = onnx.TensorProto.INT8
+    onnx.save(model, tmp_path / "bad.onnx")
+
+    so = ep.SessionOptions()
+    so.add_session_config_entry("ep.share_ep_contexts", "1")
+    providers = [(NPU, {"weight_streaming": streaming})]
+    feeds = {"x": X}
+
+    def first_run(failed: bool) -> tuple:
+        workspace().reset()
+        good = ep.InferenceSession(str(tmp_path / "m_ctx.onnx"), so, providers=providers)
+        device = npu(good).runtime.device
+        allocations = device.stats()["hbm.allocations"]
+        if failed:
+            with pytest.raises(ep.InvalidGraph, match=f"EPContext node '{last.name}' input 0"):
+                ep.InferenceSession(str(tmp_path / "bad.onnx"), so, providers=providers)
+            assert device.stats()["hbm.allocations"] == allocations
+        out = good.run(None, feeds)
+        stats = device.stats()
+        return out, stats["dma.transfers"], stats["dma.h2d.bytes"], stats["hbm.allocations"], \
+            good.get_run_stats()[NPU]["cycles"]
+
+    alone, after_failure = first_run(False), first_run(True)
+    for got, want in zip(after_failure[0], alone[0], strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert after_failure[1:] == alone[1:]
+    workspace().reset()
