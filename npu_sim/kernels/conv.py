@@ -468,7 +468,7 @@ def prepare_conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
     wide = dtype != np.float32  # float32 operands are computed on as they are
     from .conv_parts import plan  # lazy: it builds on this module
 
-    parts = plan(inputs, attrs, group, win, into, fused)
+    parts = plan(inputs, attrs, group, win, into, fused, steps, columns if in_place else None)
 
     def run() -> list[np.ndarray]:
         if parts is not None and parts():

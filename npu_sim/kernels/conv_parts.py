@@ -30,11 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from ..epilogue import decode, input_scale
+from ..epilogue import Step, input_scale
 from ..errors import KernelError
 from . import blas, cores, taps
 from .bias_fused import FusedLoop
-from .conv import Window, as5d, direct_fits, pointwise, pointwise_columns
+from .conv import Window, as5d, direct_fits, pointwise
 from .depthwise import tapped
 from .epilogue import UFUNCS
 
@@ -63,8 +63,8 @@ Part = Callable[[int, int, int], object]
 
 
 def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: int,
-         win: Window, into: np.ndarray | None,
-         fused: FusedLoop | None) -> Callable[[], bool] | None:
+         win: Window, into: np.ndarray | None, fused: FusedLoop | None,
+         steps: Sequence[Step], columns: list[np.ndarray] | None) -> Callable[[], bool] | None:
     """A function computing the whole Conv launch of ``inputs`` (values, bias, epilogue) into
     ``into`` in parts over the cores, or None when the launch does not split. It splits when
     it is float32 with an ``into`` buffer and a contiguous input; a 1x1 convolution over views
@@ -74,21 +74,23 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
     done by ``fused``, or no fused activation and epilogue steps that are all ``Add`` or ``Mul``
     of a float32 operand of the output's shape; and at least :data:`SPLIT_WORK` (or
     :data:`DEPTHWISE_WORK`) of work. The function returns False (nothing written) when this
-    run's values rule the split out (non-finite depthwise weights): the caller runs it whole."""
+    run's values rule the split out (non-finite depthwise weights): the caller runs it whole.
+    ``steps`` is the launch's decoded epilogue, ``columns`` a 1x1 convolution's pixel columns
+    when they are views of its input (:func:`.conv.prepare_conv` made both)."""
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     if into is None or x is None or w is None or x.dtype != np.float32 or \
             w.dtype != np.float32 or not x.flags.c_contiguous or not w.flags.c_contiguous or \
             (b is not None and b.dtype != np.float32):
         return None
-    steps = _operand_steps(inputs, attrs, into.shape) if fused is None else ()
-    if steps is None or (fused is not None and b is None):
+    operands = _operand_steps(inputs, attrs, steps, into.shape) if fused is None else ()
+    if operands is None or (fused is not None and b is None):
         return None
     n, m = into.shape[:2]
     y = into.reshape(n, m, -1)
     gemm, setup = pointwise(group, win), None
     if gemm:
-        compute, macs = _pointwise(inputs, attrs, win, y), y.size * x.shape[1]
+        compute, macs = _pointwise(inputs, attrs, columns, y), y.size * x.shape[1]
     elif "input_scale" in attrs:
         return None
     elif group > 1 and w.shape[1] == 1:
@@ -116,7 +118,7 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
                 continue
             if b is not None:
                 np.add(rows, b[lo:hi, None], out=rows)
-            for ufunc, operand in steps:
+            for ufunc, operand in operands:
                 with np.errstate(all="ignore"):  # as apply_epilogue's binary steps
                     ufunc(rows, operand[i:i + 1, lo:hi], out=rows)
 
@@ -135,32 +137,32 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
 
 
 def _operand_steps(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
-                   shape: tuple[int, ...]) -> list[tuple[np.ufunc, np.ndarray]] | None:
+                   steps: Sequence[Step], shape: tuple[int, ...]
+                   ) -> list[tuple[np.ufunc, np.ndarray]] | None:
     """The epilogue as (ufunc, operand viewed as (N, M, pixels)) pairs when it has no fused
     activation and only ``Add`` and ``Mul`` steps with float32 operands of the output's shape
     (a residual); else None."""
     if attrs.get("activation"):
         return None
-    steps = []
-    for step in decode("Conv", attrs):
+    pairs = []
+    for step in steps:
         other = inputs[step.operand] if 0 <= step.operand < len(inputs) else None
         if step.op not in UFUNCS or other is None or other.shape != shape or \
                 other.dtype != np.float32 or not other.flags.c_contiguous:
             return None
-        steps.append((UFUNCS[step.op], other.reshape(shape[0], shape[1], -1)))
-    return steps
+        pairs.append((UFUNCS[step.op], other.reshape(shape[0], shape[1], -1)))
+    return pairs
 
 
-def _pointwise(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], win: Window,
-               y: np.ndarray) -> Part | None:
+def _pointwise(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
+               columns: list[np.ndarray] | None, y: np.ndarray) -> Part | None:
     """Part ``(image, lo, hi)`` of a 1x1 convolution: weight rows ``lo..hi`` (times the input
     scale, into a buffer of the launch's own, as :func:`.conv._scaled_weights` multiplies) times
-    the image's pixel columns, when those are views of ``x`` (strided pixels are gathered into
-    a copy made per run: then None) and the scale is one float32 per input channel."""
-    x, w = inputs[0], inputs[1]
-    columns = pointwise_columns(as5d(x), win)
-    if not all(np.shares_memory(c, x) for c in columns):
+    the image's pixel ``columns``, when those are views of ``x`` (None: strided pixels, gathered
+    into a copy made per run) and the scale is one float32 per input channel."""
+    if columns is None:
         return None
+    w = inputs[1]
     w2 = w.reshape(w.shape[0], -1)
     index = input_scale("Conv", attrs)
     if index < 0:

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from ortref import run_ort
 
 from kernels import random_array, seeds, with_specials
-from npu_sim.epilogue import Step, encode
+from npu_sim.epilogue import Step, decode, encode
 from npu_sim.kernels import conv_parts
-from npu_sim.kernels.conv import prepare_conv
+from npu_sim.kernels.conv import as5d, pointwise, pointwise_columns, prepare_conv
 
 EPILOGUES = [{}, {"activation": "Relu"}, encode([Step("Sigmoid", gate=True)]),
              encode([Step("HardSigmoid", gate=True, params=(1 / 6, 0.5))])]
@@ -137,8 +137,14 @@ def test_the_split_is_planned_for_the_mobile_nets_launches(split_always) -> None
     residual = {**one, **encode([Step("Add", operand=3)])}
 
     def planned(inputs, attrs, *, into=True):
+        """What prepare_conv's plan call gets: the decoded steps, a 1x1's pixel columns when
+        they are views of the input."""
         group, win, out = _window(inputs[0], inputs[1], attrs)
-        return conv_parts.plan(inputs, attrs, group, win, out if into else None, None)
+        columns = pointwise_columns(as5d(inputs[0]), win) if pointwise(group, win) else None
+        if columns is not None and not all(np.shares_memory(c, inputs[0]) for c in columns):
+            columns = None
+        return conv_parts.plan(inputs, attrs, group, win, out if into else None, None,
+                               decode("Conv", attrs), columns)
 
     assert planned([x, w1, b[:32]], one) is not None
     assert planned([x, wd, b], dw) is not None
