@@ -393,15 +393,31 @@ def _direct(x: np.ndarray, w: np.ndarray, win: Window, y: np.ndarray) -> None:
     """:func:`direct_fits` convolution of ``x`` (N, C, H, W) into ``y`` (N, M, OH, OW): each
     image split into its phases once, then its output channels, on one thread (a prepared
     launch with an output buffer splits by channels with its epilogue, :mod:`.conv_parts`)."""
-    m = y.shape[1]
+    phases, channels = direct_steps(x, w, win)
+    for i in range(x.shape[0]):
+        channels(phases(i), 0, y.shape[1], y[i])
+
+
+def direct_steps(x: np.ndarray, w: np.ndarray, win: Window
+                 ) -> tuple[Callable[[int], np.ndarray],
+                            Callable[[np.ndarray, int, int, np.ndarray], None]]:
+    """The two steps of a :func:`direct_fits` convolution: ``phases(i)`` splits image ``i`` of
+    ``x`` into its phases (:func:`.taps.phases`), ``channels(flat, lo, hi, out)`` computes
+    output channels ``lo..hi`` of that image from them into ``out`` (:func:`.taps.direct`)."""
     k, s = win.kernel[0], win.strides[0]
     rows, pitch, span = taps.geometry(k, s, *win.out)
     o = taps.offsets(k, s, rows, pitch)
-    wk = np.ascontiguousarray(w.reshape(m, x.shape[1], k * k))
-    for i in range(x.shape[0]):
-        flat = taps.phases(x[i], s, win.pads_begin[0], win.pads_begin[1], rows, pitch,
+    wk = np.ascontiguousarray(w.reshape(w.shape[0], x.shape[1], k * k))
+    size = s * s * rows * pitch
+
+    def phases(i: int) -> np.ndarray:
+        return taps.phases(x[i], s, win.pads_begin[0], win.pads_begin[1], rows, pitch,
                            taps.rounded(span))
-        taps.direct(flat, s * s * rows * pitch, pitch, o, wk, y[i])
+
+    def channels(flat: np.ndarray, lo: int, hi: int, out: np.ndarray) -> None:
+        taps.direct(flat, size, pitch, o, wk[lo:hi], out)
+
+    return phases, channels
 
 
 def add_bias(y: np.ndarray, bias: np.ndarray) -> None:

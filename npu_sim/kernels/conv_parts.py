@@ -34,8 +34,8 @@ from ..epilogue import Step, input_scale
 from ..errors import KernelError
 from . import blas, cores, taps
 from .bias_fused import FusedLoop
-from .conv import Window, as5d, direct_fits, pointwise
-from .depthwise import tapped
+from .conv import Window, as5d, direct_fits, direct_steps, pointwise
+from .depthwise import tapped, tapped_args
 from .epilogue import UFUNCS
 
 #: A 1x1 convolution splits when its multiply-adds plus :data:`EPILOGUE_WEIGHT` per output
@@ -191,14 +191,12 @@ def _depthwise(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarray) -> P
     """Part ``(image, lo, hi)`` of a depthwise convolution on phase-split planes: output planes
     ``lo..hi`` of the image (:func:`.taps.depthwise`), when its geometry takes that path."""
     x5, w5 = as5d(x), as5d(w)
-    k3, st3, di3, pb3 = win.as3()
+    _, st3, di3, pb3 = win.as3()
     out3 = (1,) * (3 - len(win.out)) + win.out
     if not tapped(x5, w5, st3, di3, pb3, out3):
         return None
-    m, k, s = w.shape[0], int(k3[2]), int(st3[2])
-    rows, pitch, _ = taps.geometry(k, s, out3[1], out3[2])
-    args = (x5[:, :, 0], w5.reshape(m, k * k), s, int(pb3[1]), int(pb3[2]), rows, pitch,
-            taps.offsets(k, s, rows, pitch), into.reshape(x.shape[0], m, *out3[1:]))
+    m = w.shape[0]
+    args = tapped_args(x5, w5, st3, pb3, out3, into)
 
     def compute(i: int, lo: int, hi: int) -> None:
         taps.depthwise(*args, i * m + lo, i * m + hi)
@@ -210,19 +208,15 @@ def _direct(x: np.ndarray, w: np.ndarray, win: Window,
             into: np.ndarray) -> tuple[Callable[[], None], Part]:
     """Setup and part ``(image, lo, hi)`` of a direct convolution (an image stem,
     :func:`.conv.direct_fits`): each run splits every image into its phases once (the setup, on
-    the calling thread), then a part computes output channels ``lo..hi`` of an image from them
-    (:func:`.taps.direct`), as :func:`.conv._direct` does for all of them."""
-    n, c, m = x.shape[0], x.shape[1], w.shape[0]
-    k, s = win.kernel[0], win.strides[0]
-    rows, pitch, span = taps.geometry(k, s, *win.out)
-    o, wk, size = taps.offsets(k, s, rows, pitch), w.reshape(m, c, k * k), s * s * rows * pitch
+    the calling thread), then a part computes output channels ``lo..hi`` of an image from them,
+    with :func:`.conv.direct_steps` as :func:`.conv._direct` does for all of them."""
+    phases, channels = direct_steps(x, w, win)
     flats: list[np.ndarray] = []
 
     def setup() -> None:
-        flats[:] = [taps.phases(x[i], s, win.pads_begin[0], win.pads_begin[1], rows, pitch,
-                                taps.rounded(span)) for i in range(n)]
+        flats[:] = [phases(i) for i in range(x.shape[0])]
 
     def compute(i: int, lo: int, hi: int) -> None:
-        taps.direct(flats[i], size, pitch, o, wk[lo:hi], into[i, lo:hi])
+        channels(flats[i], lo, hi, into[i, lo:hi])
 
     return setup, compute

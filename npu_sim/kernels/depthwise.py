@@ -184,12 +184,9 @@ def depthwise(x5: np.ndarray, w5: np.ndarray, st3: np.ndarray, di3: np.ndarray,
     n, c = x5.shape[:2]
     m = w5.shape[0]
     if tapped(x5, w5, st3, di3, pb3, out3):
-        k, s = w5.shape[3], int(st3[2])
         y = np.empty((n, m, *out3), x5.dtype) if into is None else into.reshape(n, m, *out3)
-        rows, pitch, _ = taps.geometry(k, s, out3[1], out3[2])
-        args = (x5[:, :, 0], w5.reshape(m, k * k), s, int(pb3[1]), int(pb3[2]), rows, pitch,
-                taps.offsets(k, s, rows, pitch), y[:, :, 0])
-        _launch(taps.depthwise, args, n * m, y.size * k * k)
+        _launch(taps.depthwise, tapped_args(x5, w5, st3, pb3, out3, y), n * m,
+                y.size * w5.shape[3] ** 2)
         return y
     if planar(c, math.prod(out3), int(st3[2])):
         y = np.empty((n, m, *out3), x5.dtype) if into is None else into.reshape(n, m, *out3)
@@ -210,6 +207,16 @@ def depthwise(x5: np.ndarray, w5: np.ndarray, st3: np.ndarray, di3: np.ndarray,
     y = into.reshape(back.shape)
     np.copyto(y, back)
     return y
+
+
+def tapped_args(x5: np.ndarray, w5: np.ndarray, st3: np.ndarray, pb3: np.ndarray,
+                out3: tuple[int, int, int], y: np.ndarray) -> tuple:
+    """The arguments of :func:`.taps.depthwise` but its plane range, for a :func:`tapped`
+    geometry and its output ``y`` (N, M, *out3)."""
+    m, k, s = w5.shape[0], w5.shape[3], int(st3[2])
+    rows, pitch, _ = taps.geometry(k, s, out3[1], out3[2])
+    return (x5[:, :, 0], w5.reshape(m, k * k), s, int(pb3[1]), int(pb3[2]), rows, pitch,
+            taps.offsets(k, s, rows, pitch), y.reshape(y.shape[0], m, *out3)[:, :, 0])
 
 
 def _launch(loop, args: tuple, count: int, macs: int) -> None:

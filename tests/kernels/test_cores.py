@@ -28,6 +28,11 @@ def test_a_helper_runs_parts_beside_the_caller(monkeypatch) -> None:
     is taken as idle, whatever else runs beside the tests)."""
     monkeypatch.setattr(cores, "_others_running", lambda helpers: False)
     _fresh(cores.team())
+    assert _threads_meeting() == 2
+
+
+def _threads_meeting() -> int:
+    """How many threads ran the two parts of a split whose part 0 waits for part 1 to start."""
     started = threading.Event()
     threads: set[int] = set()
 
@@ -39,7 +44,7 @@ def test_a_helper_runs_parts_beside_the_caller(monkeypatch) -> None:
             raise AssertionError("part 1 never ran beside part 0")
 
     cores.split(2, part)
-    assert len(threads) == 2
+    return len(threads)
 
 
 def test_an_error_in_a_part_reaches_the_caller_and_the_next_split_works() -> None:
@@ -133,18 +138,7 @@ def test_a_forked_child_splits_with_helpers_of_its_own() -> None:
 
 def _split_in_child() -> int:
     cores._others_running = lambda helpers: False  # the child's copy: its host counts idle
-    started = threading.Event()
-    threads: set[int] = set()
-
-    def part(k: int) -> None:
-        threads.add(threading.get_ident())
-        if k == 1:
-            started.set()
-        elif not started.wait(10):
-            raise AssertionError("part 1 never ran beside part 0")
-
-    cores.split(2, part)
-    return len(threads)
+    return _threads_meeting()
 
 
 @pytest.mark.skipif(cores.THREADS < 2, reason="one core: no helper thread to meet")
