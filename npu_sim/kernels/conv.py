@@ -444,20 +444,33 @@ def _inputs(op: str, inputs: Sequence[np.ndarray | None]) -> tuple[np.ndarray, n
     return inputs[0], inputs[1], (inputs[2] if len(inputs) > 2 else None)
 
 
-def _scaled_weights(w: np.ndarray, group: int, inputs: Sequence[np.ndarray | None],
-                    attrs: Mapping[str, Any]) -> np.ndarray:
-    """``w`` times the fused per-input-channel scale (:mod:`npu_sim.epilogue`'s prologue)."""
+def channel_scale(w: np.ndarray, group: int, inputs: Sequence[np.ndarray | None],
+                  attrs: Mapping[str, Any]) -> np.ndarray | None:
+    """The fused per-input-channel scale (:mod:`npu_sim.epilogue`'s prologue) as a (C,) view,
+    or None when its operand is not a float scale of one value per input channel (group 1)."""
     index = input_scale("Conv", attrs)
-    s = inputs[index] if index < len(inputs) else None
+    s = inputs[index] if 0 <= index < len(inputs) else None
     c = w.shape[1] * group
     if s is None or group != 1 or s.dtype.kind != "f" or s.size != c or \
             any(d != 1 for i, d in enumerate(s.shape) if i != s.ndim - len(w.shape) + 1):
+        return None
+    return s.reshape(c)
+
+
+def _scaled_weights(w: np.ndarray, group: int, inputs: Sequence[np.ndarray | None],
+                    attrs: Mapping[str, Any]) -> np.ndarray:
+    """``w`` times the fused per-input-channel scale (:func:`channel_scale`)."""
+    scale = channel_scale(w, group, inputs, attrs)
+    if scale is None:
+        index = input_scale("Conv", attrs)
+        s = inputs[index] if 0 <= index < len(inputs) else None
+        c = w.shape[1] * group
         raise KernelError("Conv", "", f"input_scale operand {index} must be a float "
                                       f"per-channel scale of {c} channels, shape (1, {c}, 1, ...)"
                                       f" (group 1); got "
                                       f"{None if s is None else (s.shape, str(s.dtype))}, "
                                       f"group={group}")
-    return w * s.reshape(1, c, *(1,) * (w.ndim - 2)).astype(np.float32, copy=False)
+    return w * scale.reshape(1, -1, *(1,) * (w.ndim - 2)).astype(np.float32, copy=False)
 
 
 def prepare_conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],

@@ -34,7 +34,7 @@ from ..epilogue import Step, input_scale
 from ..errors import KernelError
 from . import blas, cores, taps
 from .bias_fused import FusedLoop
-from .conv import Window, as5d, direct_fits, direct_steps, pointwise
+from .conv import Window, as5d, channel_scale, direct_fits, direct_steps, pointwise
 from .depthwise import tapped, tapped_args
 from .epilogue import UFUNCS
 
@@ -164,17 +164,14 @@ def _pointwise(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
         return None
     w = inputs[1]
     w2 = w.reshape(w.shape[0], -1)
-    index = input_scale("Conv", attrs)
-    if index < 0:
+    if input_scale("Conv", attrs) < 0:
         def compute(i: int, lo: int, hi: int) -> None:
             with np.errstate(all="ignore"):  # inf/NaN inputs give inf/NaN, not warnings
                 np.matmul(w2[lo:hi], columns[i], out=y[i, lo:hi])
 
         return compute
-    s = inputs[index] if index < len(inputs) else None
-    axis = -1 if s is None else s.ndim - w.ndim + 1  # the channel axis, as _scaled_weights
-    if s is None or s.dtype != np.float32 or s.size != w2.shape[1] or \
-            not 0 <= axis < s.ndim or s.shape[axis] != s.size:
+    s = channel_scale(w, 1, inputs, attrs)
+    if s is None or s.dtype != np.float32:
         return None  # the whole launch checks and names what is wrong
     scale, scaled = s.reshape(1, -1), np.empty_like(w2)
 
