@@ -112,17 +112,25 @@ def acc3(src, o, w, out):  # pragma: no cover - compiled
     s6, s7, s8 = src[o[6]:], src[o[7]:], src[o[8]:]
     w0, w1, w2, w3, w4, w5, w6, w7, w8 = w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8]
     for t in range(out.size):
-        a = out[t]
-        a += s0[t] * w0
-        a += s1[t] * w1
-        a += s2[t] * w2
-        a += s3[t] * w3
-        a += s4[t] * w4
-        a += s5[t] * w5
-        a += s6[t] * w6
-        a += s7[t] * w7
-        a += s8[t] * w8
-        out[t] = a
+        out[t] = _taps9(out[t], s0[t], s1[t], s2[t], s3[t], s4[t], s5[t], s6[t], s7[t], s8[t],
+                        w0, w1, w2, w3, w4, w5, w6, w7, w8)
+
+
+@njit(inline="always")
+def _taps9(a, x0, x1, x2, x3, x4, x5, x6, x7, x8,
+           w0, w1, w2, w3, w4, w5, w6, w7, w8):  # pragma: no cover - compiled
+    """``a`` plus the 9 products ``x_k * w_k`` added in order, each rounded to ``a``'s dtype
+    (inlined: the callers' loops keep every value in registers)."""
+    a += x0 * w0
+    a += x1 * w1
+    a += x2 * w2
+    a += x3 * w3
+    a += x4 * w4
+    a += x5 * w5
+    a += x6 * w6
+    a += x7 * w7
+    a += x8 * w8
+    return a
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -145,50 +153,14 @@ def acc3x4(src, o, w, out):  # pragma: no cover - compiled
     for t in range(r0.size):
         x0, x1, x2, x3, x4 = s0[t], s1[t], s2[t], s3[t], s4[t]
         x5, x6, x7, x8 = s5[t], s6[t], s7[t], s8[t]
-        y = r0[t]
-        y += x0 * a0
-        y += x1 * a1
-        y += x2 * a2
-        y += x3 * a3
-        y += x4 * a4
-        y += x5 * a5
-        y += x6 * a6
-        y += x7 * a7
-        y += x8 * a8
-        r0[t] = y
-        y = r1[t]
-        y += x0 * b0
-        y += x1 * b1
-        y += x2 * b2
-        y += x3 * b3
-        y += x4 * b4
-        y += x5 * b5
-        y += x6 * b6
-        y += x7 * b7
-        y += x8 * b8
-        r1[t] = y
-        y = r2[t]
-        y += x0 * c0
-        y += x1 * c1
-        y += x2 * c2
-        y += x3 * c3
-        y += x4 * c4
-        y += x5 * c5
-        y += x6 * c6
-        y += x7 * c7
-        y += x8 * c8
-        r2[t] = y
-        y = r3[t]
-        y += x0 * d0
-        y += x1 * d1
-        y += x2 * d2
-        y += x3 * d3
-        y += x4 * d4
-        y += x5 * d5
-        y += x6 * d6
-        y += x7 * d7
-        y += x8 * d8
-        r3[t] = y
+        r0[t] = _taps9(r0[t], x0, x1, x2, x3, x4, x5, x6, x7, x8,
+                       a0, a1, a2, a3, a4, a5, a6, a7, a8)
+        r1[t] = _taps9(r1[t], x0, x1, x2, x3, x4, x5, x6, x7, x8,
+                       b0, b1, b2, b3, b4, b5, b6, b7, b8)
+        r2[t] = _taps9(r2[t], x0, x1, x2, x3, x4, x5, x6, x7, x8,
+                       c0, c1, c2, c3, c4, c5, c6, c7, c8)
+        r3[t] = _taps9(r3[t], x0, x1, x2, x3, x4, x5, x6, x7, x8,
+                       d0, d1, d2, d3, d4, d5, d6, d7, d8)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
