@@ -67,12 +67,17 @@ def _cgroup_cpus() -> float | None:
         return None
 
 
+def usable_threads(affinity: int, quota: float | None) -> int:
+    """Threads worth splitting over: one per CPU of the ``affinity`` mask, no more than a
+    cgroup CPU ``quota`` allows (whole CPUs), at most :data:`MAX_THREADS`, at least one."""
+    return max(1, min(affinity, int(quota or affinity), MAX_THREADS))
+
+
 _AFFINITY = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
     (os.cpu_count() or 1)
 _QUOTA = _cgroup_cpus()
-#: Threads that run parts: the caller and ``THREADS - 1`` helpers, one per core it may use
-#: (the CPU affinity, a cgroup's CPU quota, at most :data:`MAX_THREADS`).
-THREADS = max(1, min(_AFFINITY, int(_QUOTA or _AFFINITY), MAX_THREADS))
+#: Threads that run parts: the caller and ``THREADS - 1`` helpers (:func:`usable_threads`).
+THREADS = usable_threads(_AFFINITY, _QUOTA)
 #: Whether the host's running-task count (``/proc/loadavg``) speaks for this process's CPUs:
 #: only when it may use every CPU of the host, without a quota (in a container or a CPU set
 #: other tasks on other CPUs count too; lateness alone then tells a busy host).

@@ -97,8 +97,13 @@ def test_a_helper_keeps_the_callers_numpy_error_callback(monkeypatch) -> None:
     assert calls == ["divide by zero"] * 2
 
 
-def test_the_thread_count_keeps_to_the_affinity_and_the_cap() -> None:
-    assert 1 <= cores.THREADS <= min(cores.MAX_THREADS, len(os.sched_getaffinity(0)))
+@pytest.mark.parametrize("affinity, quota, threads", [
+    (2, None, 2), (64, None, cores.MAX_THREADS), (64, 1.5, 1), (64, 3.0, 3), (8, 0.5, 1),
+    (1, None, 1)])
+def test_the_thread_count_keeps_to_the_affinity_the_quota_and_the_cap(affinity, quota,
+                                                                       threads) -> None:
+    """A 64-CPU container with a quota of 1.5 CPUs gets no helper; without a quota, the cap."""
+    assert cores.usable_threads(affinity, quota) == threads
 
 
 def test_a_split_inside_a_part_runs_serially() -> None:
