@@ -158,9 +158,17 @@ class DeviceConfig:
     def preset(cls, name: str) -> DeviceConfig:
         """The named preset: ``npu-s``, ``npu-m`` (default), ``npu-l`` or ``os32``."""
         try:
-            return cls(**PRESETS[name])
+            fields_ = PRESETS[name]
         except KeyError:
             raise ConfigError("preset", name, f"one of {sorted(PRESETS)}") from None
+        # Configs are frozen: every session naming a preset can share one instance (each made
+        # anew checked its 36 fields, and its digest was worked out again per EPContext load).
+        made = _PRESETS_MADE.get(name) if cls is DeviceConfig else None
+        if made is None or made[0] != fields_:  # PRESETS is a public dict: edits take effect
+            made = dict(fields_), cls(**fields_)
+            if cls is DeviceConfig:
+                _PRESETS_MADE[name] = made
+        return made[1]
 
     @classmethod
     def named(cls, device: str) -> DeviceConfig:
@@ -226,8 +234,13 @@ class DeviceConfig:
     @property
     def digest(self) -> str:
         """sha256 of the canonical JSON form: identifies the config in traces and binaries."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()
+        # Every EPContext load compares it: worked out once (2% of a small model's load).
+        cached = self.__dict__.get("_digest")
+        if cached is None:
+            blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+            cached = hashlib.sha256(blob.encode()).hexdigest()
+            object.__setattr__(self, "_digest", cached)
+        return cached
 
     # -- derived values -----------------------------------------------------------------------
 
@@ -370,6 +383,9 @@ _CHECKS = {
 }
 
 # -- presets ----------------------------------------------------------------------------------
+
+_PRESETS_MADE: dict[str, tuple[dict[str, Any], DeviceConfig]] = {}
+"""Preset name -> (its fields when made, the config): :meth:`DeviceConfig.preset`'s instances."""
 
 PRESETS: dict[str, dict[str, Any]] = {
     # An edge NPU in a phone or camera SoC: two small arrays, LPDDR5 shared with the CPU,

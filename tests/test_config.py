@@ -1,5 +1,6 @@
 """DeviceConfig: presets, round trips, validation of every field, derived values."""
 
+import hashlib
 import json
 import math
 import pickle
@@ -144,3 +145,15 @@ def test_a_device_option_names_a_preset_or_a_config_file(tmp_path):
             DeviceConfig.named(bad)
         assert err.value.field == field and err.value.value == bad
         assert field == "path" or "npu-m" in err.value.valid  # the presets are named
+
+
+def test_a_preset_is_made_once_and_an_edit_of_presets_takes_effect(monkeypatch):
+    first = DeviceConfig.preset("npu-s")
+    assert DeviceConfig.preset("npu-s") is first  # frozen: sessions share it
+    blob = json.dumps(first.to_dict(), sort_keys=True, separators=(",", ":"))
+    assert first.digest == hashlib.sha256(blob.encode()).hexdigest() == first.digest
+    monkeypatch.setitem(PRESETS, "npu-s", {**PRESETS["npu-s"], "cores": 1})
+    edited = DeviceConfig.preset("npu-s")
+    assert edited.cores == 1 and edited.digest != first.digest
+    monkeypatch.undo()
+    assert DeviceConfig.preset("npu-s") == first
