@@ -63,6 +63,8 @@ def infer_shapes(model: onnx.ModelProto, *, strict: bool = False) -> onnx.ModelP
     """``model`` (modified in place and returned) with every type ONNX shape inference finds
     (data propagation on) as its ``value_info``, and its outputs typed. Raises what
     ``onnx.shape_inference.infer_shapes`` raises."""
+    if not strict and not _inferable(model):
+        return model
     light, _ = without_weights(model)
     inferred = onnx.shape_inference.infer_shapes(light, strict_mode=strict, data_prop=True)
     graph = model.graph
@@ -72,3 +74,13 @@ def infer_shapes(model: onnx.ModelProto, *, strict: bool = False) -> onnx.ModelP
         del graph.output[:]
         graph.output.extend(inferred.graph.output)
     return model
+
+
+def _inferable(model: onnx.ModelProto) -> bool:
+    """Whether ONNX shape inference can type anything in ``model``: some node is an operator
+    ONNX has a schema for or a function of the model. An EPContext model's nodes are neither
+    (``com.microsoft`` contrib operators); inferring it copied and serialized the model for
+    nothing, 2% of a small model's EPContext load."""
+    functions = {(f.domain, f.name) for f in model.functions}
+    return any(onnx.defs.has(node.op_type, "" if node.domain == "ai.onnx" else node.domain)
+               or (node.domain, node.op_type) in functions for node in model.graph.node)

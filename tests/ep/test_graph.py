@@ -77,6 +77,27 @@ def test_types_from_inference_with_symbolic_and_overridden_dims():
         GraphView.from_model(model, dim_overrides={"batch": -1})
 
 
+def test_types_through_a_model_function_and_declared_ones_of_contrib_nodes():
+    # A node of a model-local function is inferred through the function's body; a node ONNX
+    # has no schema for (an EPContext node) keeps the types its model declares.
+    body = [helper.make_node("Relu", ["a"], ["b"]), helper.make_node("Flatten", ["b"], ["c"])]
+    fn = helper.make_function("my", "ReluFlat", ["a"], ["c"], body,
+                              [helper.make_opsetid("", 17)])
+    graph = helper.make_graph([helper.make_node("ReluFlat", ["x"], ["y"], domain="my")], "g",
+                              [_vi("x", [2, 3, 4])], [_vi("y", None, 0)])
+    model = helper.make_model(graph, functions=[fn], ir_version=8, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("my", 1)])
+    assert GraphView.from_model(model).tensor_type("y") == ("float32", (2, 12))
+    contrib = helper.make_graph(
+        [helper.make_node("EPContext", ["x"], ["y"], domain="com.microsoft", embed_mode=1,
+                          ep_cache_context="")], "g", [_vi("x", [2, 3])], [_vi("y", [6])],
+        value_info=[_vi("x", [2, 3])])
+    view = GraphView.from_model(helper.make_model(contrib, ir_version=8, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]))
+    assert view.tensor_type("y") == ("float32", (6,))
+    assert view.tensor_type("x") == ("float32", (2, 3))
+
+
 def test_unknown_rank_is_none_and_non_device_dtype_is_none():
     nodes = [helper.make_node("Identity", ["s"], ["t"]), helper.make_node("Relu", ["f"], ["g"])]
     inputs = [_vi("s", [2], TensorProto.STRING), _vi("f", None)]
