@@ -113,7 +113,11 @@ def _parse_strings(view: memoryview) -> list[str]:
     if not ends or ends[-1] <= len(view) - cur.pos:  # all there: one copy, sliced
         raw = cur.raw(ends[-1] if ends else 0, "strings")
         with contextlib.suppress(UnicodeDecodeError):  # else the loop names the string
-            strings = [raw[a:b].decode("utf-8") for a, b in itertools.pairwise([0, *ends])]
+            if raw.isascii():  # byte offsets are character offsets: decoded once, sliced
+                text = raw.decode("ascii")
+                strings = [text[a:b] for a, b in itertools.pairwise([0, *ends])]
+            else:
+                strings = [raw[a:b].decode("utf-8") for a, b in itertools.pairwise([0, *ends])]
             cur.finish()
             return strings
         cur.pos -= len(raw)

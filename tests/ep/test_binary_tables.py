@@ -97,6 +97,13 @@ def test_a_wrong_tensor_after_a_good_one_is_named():
         ContextBinary.from_bytes(data)
 
 
+@pytest.mark.parametrize("name", ["plain_ascii", "x\u00e9\u4e2d\U0001f600"])
+def test_strings_decode_whether_or_not_they_are_ascii(name):
+    prog = program(tuple(KernelLaunch("Relu", (0,), (1,), {"s": name}, f"{name}{k}")
+                         for k in range(3)))
+    assert ContextBinary.from_bytes(packed(prog)).program("g") == prog
+
+
 def test_a_string_that_is_not_utf8_is_named():
     data = packed(program())
     strings = next(s for s in ContextBinary.from_bytes(data).sections if s.kind_name == "strings")
