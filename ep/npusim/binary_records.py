@@ -335,11 +335,8 @@ class Decoder:
         view, strings, pos = cur.view, self.strings, cur.pos
         n_in, n_out = L.LAUNCH_COUNTS.unpack_from(view, pos + 8)
         layout = _IO.get((n_in, n_out))
-        if layout is None:
-            if n_in > _MAX_IO or n_out > _MAX_IO:
-                layout = None
-            else:
-                layout = _IO[n_in, n_out] = struct.Struct(f"{L.LAUNCH.format}{n_in + n_out}i")
+        if layout is None and n_in <= _MAX_IO and n_out <= _MAX_IO:
+            layout = _IO[n_in, n_out] = struct.Struct(f"{L.LAUNCH.format}{n_in + n_out}i")
         if layout is not None:
             record = layout.unpack_from(view, pos)
             op_id, node_id, n_attrs = record[0], record[1], record[4]
