@@ -19,6 +19,7 @@ still charged, and the outputs are returned as ``None``.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -73,17 +74,10 @@ def validate(program: Program, *, cores: int, semaphores: int,
             or program.arena_bytes < 0:
         problems.append(f"arena_bytes={program.arena_bytes!r}; expected an int >= 0")
         sizes[Region.ARENA] = 0
-    nbytes = _check_tensors(program, problems)
-    sizes[Region.WEIGHTS] = max((t.offset + nbytes[i] for i, t in enumerate(program.tensors)
-                                 if t.region == Region.WEIGHTS and nbytes[i] is not None),
-                                default=0)
-    for i, t in enumerate(program.tensors):
-        n = nbytes[i]
-        if n is not None and t.region == Region.ARENA and t.offset + n > sizes[Region.ARENA]:
-            problems.append(f"tensor {i} {t.name!r}: [{t.offset}, {t.offset + n}) ends past the "
-                            f"arena of {program.arena_bytes} bytes")
+    nbytes, weight_idx, sizes[Region.WEIGHTS] = _check_tensors(program, sizes[Region.ARENA],
+                                                               problems)
     _check_io(program, nbytes, problems)
-    _check_weights(program, nbytes, problems, functional)
+    _check_weights(program, nbytes, weight_idx, problems, functional)
     _check_launches(program, problems)
     commands: list[Command] = []
     try:
@@ -99,24 +93,44 @@ def validate(program: Program, *, cores: int, semaphores: int,
 _ITEMSIZE = {name: dtypes.itemsize(name) for name in dtypes.DTYPES}
 
 
-def _check_tensors(program: Program, problems: list[str]) -> list[int | None]:
-    """Per-tensor checks; returns each tensor's byte size (None when it cannot be known).
+def _check_tensors(program: Program, arena: int,
+                   problems: list[str]) -> tuple[list[int | None], list[int], int]:
+    """Per-tensor checks, and each ARENA tensor's end against ``arena`` (the arena's size);
+    returns each tensor's byte size (None when it cannot be known), the indices of the WEIGHTS
+    tensors and the end of the WEIGHTS region (its last tensor's end), all in one pass.
 
     A tensor that is plainly sound (a tuple of ints >= 0, a known dtype, ARENA or WEIGHTS, an
     aligned int offset: every tensor of a decoded binary) is sized inline; any other goes
     through :func:`_check_tensor`, which names what is wrong (per-tensor objects and messages
     were ~2 ms of a 100-tensor load)."""
     nbytes: list[int | None] = []
+    weight_idx: list[int] = []
+    weights_end = 0
+    past: list[str] = []  # ARENA tensors past its end, reported after every tensor's own checks
+    itemsize, prod, in_arena, in_weights = _ITEMSIZE, math.prod, Region.ARENA, Region.WEIGHTS
     for i, t in enumerate(program.tensors):
-        shape, offset = t.shape, t.offset
-        item = _ITEMSIZE.get(t.dtype) if type(t.dtype) is str else None
+        shape, offset, region = t.shape, t.offset, t.region
+        item = itemsize.get(t.dtype) if type(t.dtype) is str else None
+        n = None
         if item and type(shape) is tuple and type(offset) is int and offset >= 0 \
-                and not offset % item and (t.region is Region.ARENA or t.region is Region.WEIGHTS) \
-                and all(type(d) is int and d >= 0 for d in shape):
-            nbytes.append(math.prod(shape) * item)
-        else:
-            nbytes.append(_check_tensor(i, t, problems))
-    return nbytes
+                and not offset % item and (region is in_arena or region is in_weights):
+            for d in shape:  # a loop, not all(...): a third of its time
+                if type(d) is not int or d < 0:
+                    break
+            else:
+                n = prod(shape) * item
+        if n is None:
+            n = _check_tensor(i, t, problems)
+        nbytes.append(n)
+        if region == in_weights:
+            weight_idx.append(i)
+            if n is not None and offset + n > weights_end:
+                weights_end = offset + n
+        elif n is not None and region == in_arena and offset + n > arena:
+            past.append(f"tensor {i} {t.name!r}: [{offset}, {offset + n}) ends past the "
+                        f"arena of {program.arena_bytes} bytes")
+    problems.extend(past)
+    return nbytes, weight_idx, weights_end
 
 
 def _check_tensor(i: int, t: TensorDesc, problems: list[str]) -> int | None:
@@ -176,9 +190,9 @@ def _check_io(program: Program, nbytes: list[int | None], problems: list[str]) -
             spans.append((idx, t.offset, t.offset + n))
 
 
-def _check_weights(program: Program, nbytes: list[int | None], problems: list[str],
-                   functional: bool) -> None:
-    weight_idx = [i for i, t in enumerate(program.tensors) if t.region == Region.WEIGHTS]
+def _check_weights(program: Program, nbytes: list[int | None], weight_idx: list[int],
+                   problems: list[str], functional: bool) -> None:
+    """``weight_idx``: the WEIGHTS tensors' indices, in order."""
     is_weight = set(weight_idx)
     for key in program.weights:
         if key not in is_weight:
@@ -207,6 +221,9 @@ def _weight_overlaps(program: Program, entries: list[tuple[int, tuple[int, int]]
     each range stands for it): overlapping ranges are a problem unless they are the same range
     with the same bytes. Sorting the ranges finds the overlapping pairs in O(n log n) plus the
     number of overlaps."""
+    spans = sorted(span for _, span in entries)
+    if all(a[1] <= b[0] for a, b in itertools.pairwise(spans)):  # disjoint: none overlap
+        return []
     first: dict[tuple[int, int], int] = {}  # range -> position in entries of its first tensor
     for pos, (_, span) in enumerate(entries):
         first.setdefault(span, pos)
@@ -245,19 +262,32 @@ def _check_launches(program: Program, problems: list[str]) -> None:
     if unknown:
         problems.append(f"unknown kernels: {', '.join(unknown)}; registered: "
                         f"{', '.join(registry.names())}")
+    tensors, in_weights = program.tensors, Region.WEIGHTS
     for k, launch in enumerate(program.launches):
+        inputs, outputs = launch.inputs, launch.outputs
+        for i in inputs:  # a sound launch (every one of a valid program) is not labelled
+            if not (i == -1 or (isinstance(i, int) and 0 <= i < ntensors)):
+                break
+        else:
+            for i in outputs:
+                if not (isinstance(i, int) and 0 <= i < ntensors) \
+                        or tensors[i].region == in_weights:
+                    break
+            else:
+                if outputs:
+                    continue
         where = f"launch {k} ({launch.op}, node {launch.node!r})"
-        for i in launch.inputs:
+        for i in inputs:
             if not (i == -1 or (isinstance(i, int) and 0 <= i < ntensors)):
                 problems.append(f"{where}: input tensor index {i!r}; expected -1 (omitted) or "
                                 f"[0, {ntensors})")
-        if not launch.outputs:
+        if not outputs:
             problems.append(f"{where}: has no outputs")
-        for i in launch.outputs:
+        for i in outputs:
             if not (isinstance(i, int) and 0 <= i < ntensors):
                 problems.append(f"{where}: output tensor index {i!r}; expected [0, {ntensors})")
-            elif program.tensors[i].region == Region.WEIGHTS:
-                problems.append(f"{where}: writes tensor {program.tensors[i].name!r} in the "
+            elif tensors[i].region == Region.WEIGHTS:
+                problems.append(f"{where}: writes tensor {tensors[i].name!r} in the "
                                 "read-only WEIGHTS region")
 
 

@@ -122,6 +122,38 @@ def test_corrupted_stream_decodes_canonically_or_raises(cmds, data):
     assert pack(decoded) == bytes(raw)
 
 
+@settings(max_examples=200)
+@given(mangled_streams())
+def test_unpack_agrees_with_decoding_each_descriptor(case):
+    """unpack's fast path (one row of integers a descriptor) gives what decode gives for each
+    descriptor alone: the same commands, or the same error naming the same byte."""
+    _, data = case
+
+    def outcome(read) -> tuple[str, object]:
+        try:
+            return "ok", read()
+        except InvalidCommand as exc:
+            return "error", exc.message
+
+    whole = len(data) - len(data) % COMMAND_BYTES
+    one_by_one = outcome(lambda: [decode(data, at) for at in range(0, whole, COMMAND_BYTES)])
+    fast = outcome(lambda: unpack(data))
+    if whole == len(data):
+        assert fast == one_by_one
+    else:
+        assert fast[0] == "error" and "is not a multiple of" in fast[1]
+
+
+def test_a_bad_descriptor_deep_in_a_stream_is_named_by_its_byte():
+    cmds = [Kernel(i, i, 0, deps=(i - 1,) if i else ()) for i in range(50)]
+    raw = bytearray(pack(cmds))
+    raw[37 * COMMAND_BYTES + 40 + 20] = 7  # KERNEL's reserved payload byte 20 of descriptor 37
+    with pytest.raises(InvalidCommand, match=f"descriptor at byte {37 * COMMAND_BYTES} "
+                                             rf"\(byte {37 * COMMAND_BYTES + 60}\): reserved "
+                                             "payload byte 20 of KERNEL holds 0x07"):
+        unpack(bytes(raw))
+
+
 def test_layout_matches_the_documented_offsets():
     # Built by hand from the table in docs/firmware.md, not with pack().
     raw = struct.pack("<BBHI", Opcode.DMA, 0, 2, 7) + struct.pack("<8I", 3, 5, *[0] * 6)

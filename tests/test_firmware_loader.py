@@ -242,6 +242,32 @@ def test_identical_weights_may_share_a_range_different_ones_may_not(dev):
         Firmware(dev).load(other)
 
 
+def test_bad_records_deep_in_a_long_program_are_named_as_alone(dev):
+    """validate passes over sound tensors, launches and disjoint weights without labelling
+    them; a bad one among many good ones is still named, with the message it has alone."""
+    extra = [TensorDesc(f"a{k}", (4,), "float32", Region.ARENA, 16 * k) for k in range(30)]
+    extra.append(TensorDesc("late", SHAPE, "float32", Region.ARENA, 4 * NB))  # past the arena
+    extra += [TensorDesc(f"v{k}", (4,), "float32", Region.WEIGHTS, NB + 16 * k)
+              for k in range(20)]
+    extra.append(TensorDesc("v_last", (8,), "float32", Region.WEIGHTS, NB + 16 * 19 - 16))
+    tensors = GOOD.tensors + tuple(extra)
+    weights = {1: W.tobytes(), **{i: bytes(16) for i in range(36, 56)}, 56: bytes(range(32))}
+    launches = (*[GOOD.launches[0]] * 40, KernelLaunch("Relu", (0,), (1,), node="late"),
+                *[GOOD.launches[1]] * 20)
+    long = dataclasses.replace(GOOD, tensors=tensors, launches=launches, weights=weights)
+    with pytest.raises(InvalidCommand) as info:
+        Firmware(dev).load(long)
+    assert info.value.problems == [
+        f"tensor 35 'late': [{4 * NB}, {5 * NB}) ends past the arena of {4 * NB} bytes",
+        f"weight tensors 'v18' and 'v_last' overlap ([{NB + 16 * 18}, {NB + 16 * 19}) and "
+        f"[{NB + 16 * 18}, {NB + 16 * 20})); only identical contents may share a range",
+        f"weight tensors 'v19' and 'v_last' overlap ([{NB + 16 * 19}, {NB + 16 * 20}) and "
+        f"[{NB + 16 * 18}, {NB + 16 * 20})); only identical contents may share a range",
+        "launch 40 (Relu, node 'late'): writes tensor 'w' in the read-only WEIGHTS region",
+    ]
+    assert dev.hbm.stats()["hbm.alloc_calls"] == 0
+
+
 def test_out_of_memory_during_load_frees_what_was_allocated():
     dev = Device(DeviceConfig.preset("os32").replace(hbm_bytes=1 << 20))
     big = _tensor(dataclasses.replace(GOOD, arena_bytes=4 * NB), 1, shape=(300_000,))

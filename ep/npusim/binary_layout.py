@@ -81,6 +81,9 @@ LAUNCH = struct.Struct("<IIHHI")
 """op string id, node string id, input count, output count, attribute count; followed by
 the input and output tensor indices (i32, -1 = omitted) and the attributes."""
 
+LAUNCH_COUNTS = struct.Struct("<HH")
+"""The input and output counts of a LAUNCH record, at byte 8 of it."""
+
 ATTR = struct.Struct("<IB")
 """attribute name string id, tag; followed by the tag's payload."""
 

@@ -191,6 +191,9 @@ def _check_tiling(view: memoryview, header: L.ContextHeader,
             )
 
 
+_KINDS = {int(kind): kind for kind in L.SectionKind}
+"""The section kinds this reader knows (it skips others), by number."""
+
 _WORKERS = 1
 """One checksum thread: on the two cores these loads are measured on, a second one took the
 core the loading thread needed (BERT's load spent 3-7 ms waiting to be scheduled)."""
@@ -398,8 +401,9 @@ class ContextBinary:
         for entry in self.sections:
             if entry.kind in by_kind:
                 raise InvalidGraph(f"section {entry.kind_name} appears more than once")
-            if entry.kind in set(L.SectionKind):
-                by_kind[L.SectionKind(entry.kind)] = entry
+            kind = _KINDS.get(entry.kind)
+            if kind is not None:
+                by_kind[kind] = entry
         missing = [kind.name.lower() for kind in L.REQUIRED_SECTIONS if kind not in by_kind]
         if missing:
             raise InvalidGraph(f"required sections missing: {', '.join(missing)}")

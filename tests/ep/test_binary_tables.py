@@ -97,6 +97,13 @@ def test_a_wrong_tensor_after_a_good_one_is_named():
         ContextBinary.from_bytes(data)
 
 
+@pytest.mark.parametrize("name", ["plain_ascii", "x\u00e9\u4e2d\U0001f600"])
+def test_strings_decode_whether_or_not_they_are_ascii(name):
+    prog = program(tuple(KernelLaunch("Relu", (0,), (1,), {"s": name}, f"{name}{k}")
+                         for k in range(3)))
+    assert ContextBinary.from_bytes(packed(prog)).program("g") == prog
+
+
 def test_a_string_that_is_not_utf8_is_named():
     data = packed(program())
     strings = next(s for s in ContextBinary.from_bytes(data).sections if s.kind_name == "strings")
@@ -123,3 +130,61 @@ def test_a_wrong_bytes_or_strings_attribute_after_good_ones_is_named(where, mess
                    10**6)
     with pytest.raises(InvalidGraph, match=message):
         ContextBinary.from_bytes(data)
+
+
+def wide_program() -> Program:
+    """Records past the fast loops' precompiled layouts: rank 10, 20 inputs, 20-item arrays,
+    and weights whose entries follow each other in their table."""
+    tensors = (TensorDesc("x", (1,) * 10, "float32", Region.ARENA, 0),
+               TensorDesc("y", (2,), "float32", Region.ARENA, 64),
+               *(TensorDesc(f"w{k}", (4,), "float32", Region.WEIGHTS, 512 * k) for k in range(6)))
+    attrs = {"ints": tuple(range(-3, 37)), "floats": tuple(k / 4 for k in range(17)),
+             "names": tuple(f"s{k}" for k in range(20)), "n": 17}
+    launch = KernelLaunch("Add", (0, *range(2, 8), *([-1] * 13)), (1,), attrs, "wide")
+    weights = {2 + k: struct.pack("<4f", k, k + 1, k + 2, k + 3) for k in range(6)}
+    return Program("g", tensors, (launch, launch), b"", (0,), (1,), weights, 128, "npu-m")
+
+
+def weight_at(k: int) -> int:
+    """Offset of weight entry ``k`` in the programs section of :func:`wide_program`'s binary."""
+    tensors = 8 * L.TENSOR.size + 8 * (10 + 1 + 6)
+    return L.PROGRAM.size + tensors + 4 + 4 + k * L.WEIGHT.size
+
+
+def test_records_past_the_fast_layouts_decode_to_what_was_packed():
+    prog = wide_program()
+    decoded = ContextBinary.from_bytes(packed(prog)).program("g")
+    assert decoded == prog
+    assert {k: bytes(v) for k, v in decoded.weights.items()} == prog.weights
+
+
+@pytest.mark.parametrize("where, fmt, value, message", [
+    (weight_at(4) + 8, "<Q", 100,
+     r"graph 'g', weight of tensor 6: blob at 100 with length 16 must start at a multiple of "
+     "512"),
+    (weight_at(5) + 4, "<I", 3,
+     r"graph 'g', weight of tensor 7: source 3 at \d+ with length 16 names no external weight"),
+    (weight_at(3), "<I", 2, r"graph 'g': weight tensor index 2 is out of range \[0, 8\) or "
+                            "repeated"),
+    (L.PROGRAM.size + L.TENSOR.size + 80 + 5, "<B", 9,
+     r"graph 'g', tensor 1: dtype code \d+ or region 9 is unknown"),
+])
+def test_a_wrong_weight_or_tensor_after_wide_records_is_named(where, fmt, value, message):
+    data = patched(packed(wide_program()), where, fmt, value)
+    with pytest.raises(InvalidGraph, match=message):
+        ContextBinary.from_bytes(data)
+
+
+def test_a_wrong_index_or_item_in_a_wide_launch_is_named():
+    data = packed(wide_program())
+    first = weight_at(6)  # the first launch: its head, 20 inputs, 1 output, then attributes
+    bad_input = patched(data, first + L.LAUNCH.size + 4 * 19, "<i", 8)
+    with pytest.raises(InvalidGraph, match=r"graph 'g': launch 0 input 8 is out of range "
+                                           r"\[-1, 8\)"):
+        ContextBinary.from_bytes(bad_input)
+    ints = L.ATTR.size + 4 + 40 * 8
+    floats = L.ATTR.size + 4 + 17 * 8
+    names = first + L.LAUNCH.size + 4 * 21 + ints + floats + L.ATTR.size + 4 + 4 * 19
+    with pytest.raises(InvalidGraph, match=r"graph 'g', launch 0 attribute 'names': string id "
+                                           "1000000 is out of range"):
+        ContextBinary.from_bytes(patched(data, names, "<I", 10**6))
