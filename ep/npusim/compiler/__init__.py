@@ -29,10 +29,10 @@ from npu_sim.config import DeviceConfig
 from ...framework.provider import FusedNode
 from .emit import emit, launch_dependencies
 from .ir import SubGraph
-from .lower import Lowered, lower
+from .lower import Launch, Lowered, lower
 from .memplan import ArenaPlan, liveness, plan_arena, plan_weights
 from .rewrite import optimize
-from .tiling import TilePlan, assign_cores, plan_launch
+from .tiling import PLANS, TilePlan, assign_cores
 
 __all__ = ["CompileReport", "CompiledPartition", "compile_partition", "compile_subgraph"]
 
@@ -108,8 +108,7 @@ def compile_subgraph(
     lap("rewrite")
     lowered = lower(graph)
     lap("lower")
-    priced: dict[tuple, TilePlan] = {}
-    plans = [_plan(config, lowered, i, priced) for i in range(len(lowered.launches))]
+    plans = [_plan(config, lowered, launch) for launch in lowered.launches]
     lap("tiling")
     buffers = liveness(lowered)
     arena = plan_arena(buffers, config.hbm_alignment)
@@ -137,21 +136,13 @@ def compile_subgraph(
     return CompiledPartition(program, report)
 
 
-def _plan(config: DeviceConfig, lowered: Lowered, i: int,
-          priced: dict[tuple, TilePlan]) -> TilePlan:
-    """Launch ``i``'s tile plan; launches of the same op, types and attributes (``priced``, by
-    their repr: -0.0 is not 0.0) share one, since pricing reads nothing else."""
-    launch = lowered.launches[i]
-    ins = [lowered.tensors[t] if t >= 0 else None for t in launch.inputs]
-    outs = [lowered.tensors[t] for t in launch.outputs]
-    key = (launch.op, tuple((t.dtype, t.shape) if t else None for t in ins),
-           tuple((t.dtype, t.shape) for t in outs), repr(launch.attrs))
-    plan = priced.get(key)
-    if plan is None:
-        plan = priced[key] = plan_launch(config, launch.op,
-                                         [t.spec if t else None for t in ins],
-                                         [t.spec for t in outs], launch.attrs)
-    return plan
+def _plan(config: DeviceConfig, lowered: Lowered, launch: Launch) -> TilePlan:
+    """``launch``'s tile plan; launches of the same op, types and attributes share one
+    (:data:`.tiling.PLANS`), since pricing reads nothing else."""
+    tensors = lowered.tensors
+    ins = [(tensors[t].dtype, tensors[t].shape) if t >= 0 else None for t in launch.inputs]
+    outs = [(tensors[t].dtype, tensors[t].shape) for t in launch.outputs]
+    return PLANS.plan(config, launch.op, ins, outs, launch.attrs)
 
 
 def _program(name, config, lowered, arena, weights, commands) -> Program:
