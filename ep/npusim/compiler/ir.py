@@ -41,9 +41,12 @@ TensorType = tuple[str, tuple[int, ...]]
 OPSET_DEPENDENT = ops_where(opset_dependent=True)
 
 
-@dataclass
+@dataclass(eq=False)
 class Node:
-    """One node of a :class:`SubGraph`. ``""`` in ``inputs`` marks an omitted optional input."""
+    """One node of a :class:`SubGraph`. ``""`` in ``inputs`` marks an omitted optional input.
+
+    Nodes compare by identity, as graph nodes do: two nodes with the same fields are still two
+    nodes (and ``graph.nodes.remove(node)`` compares no fields)."""
 
     op: str
     inputs: list[str]
@@ -174,6 +177,46 @@ class SubGraph:
         return removed
 
 
+class Uses:
+    """Who reads and who writes each tensor of a :class:`SubGraph`, indexed once; a rewrite
+    that edits the graph keeps it current (:meth:`drop`, :meth:`read`, ``writer``). The
+    graph's own :meth:`~SubGraph.producer` and :meth:`~SubGraph.consumers` scan every node:
+    quadratic over a pass that asks for each of a few hundred nodes."""
+
+    def __init__(self, graph: SubGraph) -> None:
+        self.graph = graph
+        self.outputs = set(graph.outputs)
+        self.readers: dict[str, list[Node]] = {}
+        self.writer: dict[str, Node] = {}
+        """tensor -> the node writing it (the first, like :meth:`SubGraph.producer`)."""
+        for node in graph.nodes:
+            for name in node.inputs:
+                self.readers.setdefault(name, []).append(node)
+            for name in node.outputs:
+                self.writer.setdefault(name, node)
+
+    def of(self, name: str) -> list[Node]:
+        """The nodes reading ``name``, once per input that reads it."""
+        return self.readers.get(name, [])
+
+    def only(self, name: str) -> Node | None:
+        """The single reader of ``name`` (read once, not a graph output), like
+        :meth:`SubGraph.only_consumer`."""
+        readers = self.of(name)
+        if name in self.outputs or len(readers) != 1 or readers[0].inputs.count(name) != 1:
+            return None
+        return readers[0]
+
+    def drop(self, node: Node) -> None:
+        """``node`` leaves the graph: it reads nothing any more."""
+        for name in node.inputs:
+            self.readers[name].remove(node)
+
+    def read(self, node: Node, name: str) -> None:
+        """``node`` now reads ``name`` as well."""
+        self.readers.setdefault(name, []).append(node)
+
+
 _BLOCK_COLUMNS = 256
 
 
@@ -203,8 +246,18 @@ def _without_dead_tail(outputs: Sequence[str], read: set[str]) -> list[str]:
     return kept
 
 
+_A = onnx.AttributeProto
+_SCALARS = {_A.INT: lambda a: a.i, _A.FLOAT: lambda a: a.f,
+            _A.INTS: lambda a: tuple(a.ints), _A.FLOATS: lambda a: tuple(a.floats)}
+"""The attribute kinds nodes mostly carry, read directly (what ``helper.get_attribute_value``
+would return, lists as tuples)."""
+
+
 def attr_value(attr: onnx.AttributeProto) -> Any:
     """An ONNX attribute as plain python: lists become tuples, strings str, tensors numpy."""
+    read = _SCALARS.get(attr.type)
+    if read is not None and not attr.ref_attr_name:
+        return read(attr)
     value = helper.get_attribute_value(attr)
     if isinstance(value, bytes):
         return value.decode("utf-8")
