@@ -50,9 +50,10 @@ _MISSHAPEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _misshapen_pools(graph: GraphView) -> dict[int, str]:
     """Node -> the pool upstream of it (itself included) whose inferred output shape
     onnxruntime does not produce, named; computed once per graph."""
-    if graph in _MISSHAPEN:
-        return _MISSHAPEN[graph]
-    found: dict[int, str] = {}
+    found = _MISSHAPEN.get(graph)
+    if found is not None:
+        return found
+    found = {}
     for i in range(len(graph.nodes)):  # a GraphView's nodes are in topological order
         node = graph.nodes[i]
         if node.op_type in ("MaxPool", "AveragePool") and (why := pool_check(graph, i)) and (
@@ -79,13 +80,12 @@ def _unreliable_input(graph: GraphView, i: int) -> str | None:
     return None
 
 
-def _empty_tensor(graph: GraphView, i: int) -> str | None:
-    roles = [("input", t) for t in graph.nodes[i].input] + [
-        ("output", t) for t in live_outputs(graph, i)]
-    for role, tensor in roles:
-        _, shape = graph.tensor_type(tensor) if tensor else (None, None)
-        if shape is not None and 0 in shape:
-            return f"empty {role} '{tensor}' (shape {tuple(shape)}) not supported"
+def _empty_tensor(graph: GraphView, inputs: Iterable[str], outputs: Iterable[str]) -> str | None:
+    for role, tensors in (("input", inputs), ("output", outputs)):
+        for tensor in tensors:
+            _, shape = graph.tensor_type(tensor) if tensor else (None, None)
+            if shape is not None and 0 in shape:
+                return f"empty {role} '{tensor}' (shape {tuple(shape)}) not supported"
     return None
 
 
@@ -137,13 +137,16 @@ def _reason(graph: GraphView, i: int) -> str | None:
             return why
     if why := _unreliable_input(graph, i):
         return why
-    for tensor in live_outputs(graph, i):  # a dead tail is not materialized: any shape will do
+    live = live_outputs(graph, i)  # a dead tail is not materialized: any shape will do
+    for tensor in live:
+        if not tensor:
+            continue
         role = "unused output (a later output is used)" if is_dead(graph, tensor) else "output"
-        if tensor and (why := _static(graph, tensor, role)):
+        if why := _static(graph, tensor, role):
             return why
     if support.check and (why := support.check(graph, i)):
         return why
-    return None if node.op_type in _EMPTY_OK else _empty_tensor(graph, i)
+    return None if node.op_type in _EMPTY_OK else _empty_tensor(graph, node.input, live)
 
 
 def check_node(graph: GraphView, i: int) -> str | None:

@@ -90,3 +90,14 @@ def test_threads_sharing_a_cache_get_the_same_plans():
     for t in threads:
         t.join()
     assert len(got) == 200 and all(p == want for p in got) and len(cache) == 1
+
+
+def test_a_planner_shares_plans_between_equal_configs():
+    cache = PlanCache(8)
+    first = cache.planner(DeviceConfig.preset("npu-m"))(*CONV)
+    again = cache.planner(DeviceConfig.preset("npu-m"))  # an equal config, another instance
+    assert again(*CONV) is first and cache.plan(NPU_M, *CONV) is first and len(cache) == 1
+    for n in range(1, 80):  # more configs than the planner keeps instances of: still correct
+        other = NPU_M.replace(sram_bytes_per_core=NPU_M.sram_bytes_per_core + 64 * n)
+        cache.planner(other)
+    assert cache.planner(NPU_M)(*CONV) == first

@@ -18,7 +18,7 @@ firmware loads, and a :class:`CompileReport` of every decision and figure.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,7 +108,8 @@ def compile_subgraph(
     lap("rewrite")
     lowered = lower(graph)
     lap("lower")
-    plans = [_plan(config, lowered, launch) for launch in lowered.launches]
+    planner = PLANS.planner(config)
+    plans = [_plan(planner, lowered, launch) for launch in lowered.launches]
     lap("tiling")
     buffers = liveness(lowered)
     arena = plan_arena(buffers, config.hbm_alignment)
@@ -136,13 +137,13 @@ def compile_subgraph(
     return CompiledPartition(program, report)
 
 
-def _plan(config: DeviceConfig, lowered: Lowered, launch: Launch) -> TilePlan:
-    """``launch``'s tile plan; launches of the same op, types and attributes share one
-    (:data:`.tiling.PLANS`), since pricing reads nothing else."""
+def _plan(planner: Callable[..., TilePlan], lowered: Lowered, launch: Launch) -> TilePlan:
+    """``launch``'s tile plan from ``planner`` (:meth:`.tiling.PlanCache.planner`): launches
+    of the same op, types and attributes share one, since pricing reads nothing else."""
     tensors = lowered.tensors
     ins = [(tensors[t].dtype, tensors[t].shape) if t >= 0 else None for t in launch.inputs]
     outs = [(tensors[t].dtype, tensors[t].shape) for t in launch.outputs]
-    return PLANS.plan(config, launch.op, ins, outs, launch.attrs)
+    return planner(launch.op, ins, outs, launch.attrs)
 
 
 def _program(name, config, lowered, arena, weights, commands) -> Program:

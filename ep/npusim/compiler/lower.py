@@ -141,7 +141,15 @@ def plain_attrs(node: str, attrs: dict[str, Any]) -> dict[str, Any]:
     return {key: _plain(node, key, value) for key, value in sorted(attrs.items())}
 
 
+_PLAIN = (int, float, str, bytes)  # by exact type: a bool is an int subclass, and becomes 0/1
+
+
 def _plain(node: str, key: str, value: Any) -> Any:
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind is tuple and all(type(v) in _PLAIN for v in value):
+        return value  # what the loop below builds: the same items, in a tuple
     if isinstance(value, (bool, np.bool_)):
         return int(value)
     if isinstance(value, (int, float, str, bytes)):

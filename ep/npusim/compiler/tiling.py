@@ -26,9 +26,10 @@ session's, are priced once (a depthwise block of a MobileNet repeats a handful o
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,9 @@ from npu_sim.dtypes import TensorSpec
 from ..ops import price
 
 TensorType = tuple[str, tuple[int, ...]]
+
+_CONFIGS = 64
+"""Distinct configs :meth:`PlanCache.planner` keeps one instance of."""
 
 SPLIT_GAIN = 0.05
 """Another core must save at least this fraction of the launch's cycles to be worth taking."""
@@ -93,7 +97,18 @@ class PlanCache:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._plans: OrderedDict[tuple, TilePlan] = OrderedDict()
+        self._configs: dict[DeviceConfig, DeviceConfig] = {}
         self._lock = threading.Lock()
+
+    def planner(self, config: DeviceConfig) -> Callable[..., TilePlan]:
+        """:meth:`plan` for ``config``, which it keys by one instance of the equal configs it
+        has seen: a session builds its own config, and comparing two configs field by field
+        on every lookup cost more than the rest of the lookup."""
+        with self._lock:
+            if len(self._configs) >= _CONFIGS and config not in self._configs:
+                self._configs.clear()  # keys holding the old instances still compare equal
+            config = self._configs.setdefault(config, config)
+        return functools.partial(self.plan, config)
 
     def plan(
         self,
