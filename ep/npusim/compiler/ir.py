@@ -278,25 +278,29 @@ def _infer(
     overridden dims fixed, and every intermediate's type inferred. Weights are not copied: they
     become typed inputs of the copy (read their values from ``graph``); small initializers stay,
     so shape arithmetic on them still propagates."""
-    light = onnx.GraphProto()
+    model = onnx.ModelProto(ir_version=onnx.IR_VERSION)
+    model.opset_import.extend(opset_imports)
+    light = model.graph
     light.node.extend(_toposorted(graph, {t.name for t in initializers}))
     light.input.extend(graph.input)
     light.output.extend(graph.output)
-    for tensor in initializers:
-        if nbytes(tensor) < WEIGHT_BYTES:
-            light.initializer.append(tensor)
-        else:
-            light.input.append(helper.make_tensor_value_info(tensor.name, tensor.data_type,
-                                                             list(tensor.dims)))
-    for vi in [*light.input, *light.output]:
+    for vi in [*light.input, *light.output] if overrides else ():
         if not vi.type.HasField("tensor_type"):
             continue
         for dim in vi.type.tensor_type.shape.dim:
             if dim.HasField("dim_param") and dim.dim_param in overrides:
                 dim.dim_value = int(overrides[dim.dim_param])
-    model = onnx.ModelProto(ir_version=onnx.IR_VERSION)
-    model.opset_import.extend(opset_imports)
-    model.graph.CopyFrom(light)
+    for tensor in initializers:
+        if nbytes(tensor) < WEIGHT_BYTES:
+            light.initializer.append(tensor)
+        else:  # helper.make_tensor_value_info(name, data_type, dims), built in place
+            vi = light.input.add()
+            vi.name = tensor.name
+            typed = vi.type.tensor_type
+            typed.elem_type = tensor.data_type
+            typed.shape.SetInParent()
+            for d in tensor.dims:
+                typed.shape.dim.add().dim_value = d
     try:
         model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
