@@ -44,26 +44,16 @@ def launch_dependencies(
         for t in launch.inputs:
             if t >= 0 and not lowered.tensors[t].is_const:
                 readers[lowered.tensors[t].buffer].add(step)
-    by_key = {b.key: b for b in buffers}
-    # Per buffer, as arrays: the launches that must finish before a later buffer may take its
-    # memory are found for all buffers at once, not by a loop over every buffer per write.
-    keys = np.array([b.key for b in buffers], dtype=np.int64)
-    lasts = np.array([b.last for b in buffers], dtype=np.int64)
-    los = np.array([offsets[b.key] for b in buffers], dtype=np.int64)
-    his = los + np.array([align_up(max(b.size, 1), alignment) for b in buffers], dtype=np.int64)
-    position = {b.key: k for k, b in enumerate(buffers)}
+    earlier = _earlier_occupants(buffers, offsets, alignment)
     previous: dict[int, set[int]] = {}  # buffer -> launches of earlier occupants of its memory
 
     def occupants(key: int) -> set[int]:
         if key not in previous:
-            written, k = by_key[key], position[key]
             found: set[int] = set()
-            overlap = (lasts < written.first) & (keys != key) & (los < his[k]) & (los[k] < his)
-            for e in np.flatnonzero(overlap):
-                earlier = int(keys[e])
-                found.update(readers[earlier])
-                if earlier in producer:
-                    found.add(producer[earlier])
+            for other in earlier.get(key, ()):
+                found.update(readers[other])
+                if other in producer:
+                    found.add(producer[other])
             previous[key] = found
         return previous[key]
 
@@ -92,6 +82,34 @@ def launch_dependencies(
             reach |= ancestors[d] | (1 << d)
         ancestors.append(reach)
     return deps, anti
+
+
+_ROWS = 256
+"""Buffers whose earlier occupants are found in one array operation (a block of rows of the
+buffer x buffer overlap matrix: 256 x 5000 booleans for a large transformer)."""
+
+
+def _earlier_occupants(buffers: Sequence[Buffer], offsets: Mapping[int, int],
+                       alignment: int) -> dict[int, list[int]]:
+    """Buffer key -> the buffers that died before it was written and share its memory.
+
+    Found for blocks of buffers at once with array operations, not by a loop over every buffer
+    per buffer (or per write: an array operation per buffer cost more than the scan itself)."""
+    keys = np.array([b.key for b in buffers], dtype=np.int64)
+    firsts = np.array([b.first for b in buffers], dtype=np.int64)
+    lasts = np.array([b.last for b in buffers], dtype=np.int64)
+    los = np.array([offsets[b.key] for b in buffers], dtype=np.int64)
+    his = los + np.array([align_up(max(b.size, 1), alignment) for b in buffers], dtype=np.int64)
+    key_list = keys.tolist()
+    found: dict[int, list[int]] = {}
+    for start in range(0, len(buffers), _ROWS):
+        rows = slice(start, start + _ROWS)
+        overlap = ((lasts[None, :] < firsts[rows, None]) & (keys[None, :] != keys[rows, None])
+                   & (los[None, :] < his[rows, None]) & (los[rows, None] < his[None, :]))
+        row, col = np.nonzero(overlap)
+        for r, c in zip((row + start).tolist(), col.tolist(), strict=True):
+            found.setdefault(key_list[r], []).append(key_list[c])
+    return found
 
 
 def emit(launch_deps: Sequence[tuple[int, ...]], core_masks: Sequence[int]) -> list[Command]:
