@@ -95,18 +95,22 @@ class SubGraph:
             if vi.name not in types:
                 types[vi.name] = _static_type(vi)
         nodes = []
-        read = {name for proto in inferred.node for name in proto.input if name}
+        protos = list(inferred.node)
+        reads = [list(proto.input) for proto in protos]  # each protobuf field is read once
+        read = {name for names in reads for name in names if name}
         read.update(vi.name for vi in inferred.output)
-        for i, proto in enumerate(inferred.node):
+        for i, (proto, ins) in enumerate(zip(protos, reads, strict=True)):
             attrs = {a.name: attr_value(a) for a in proto.attribute}
-            if proto.op_type in OPSET_DEPENDENT and proto.domain in ("", "ai.onnx"):
+            op, domain = proto.op_type, proto.domain
+            if op in OPSET_DEPENDENT and domain in ("", "ai.onnx"):
                 attrs["_opset"] = opset
-            if (proto.op_type == "Split" and "split" not in attrs and "num_outputs" not in attrs
-                    and (len(proto.input) < 2 or not proto.input[1])):
+            outs = list(proto.output)
+            if (op == "Split" and "split" not in attrs and "num_outputs" not in attrs
+                    and (len(ins) < 2 or not ins[1])):
                 # The kernel cannot see how many outputs the node has: tell it.
-                attrs["num_outputs"] = len(proto.output)
-            node = Node(proto.op_type, list(proto.input), _without_dead_tail(proto.output, read),
-                        attrs, proto.name or f"{proto.op_type}_{i}", proto.domain)
+                attrs["num_outputs"] = len(outs)
+            node = Node(op, ins, _without_dead_tail(outs, read), attrs,
+                        proto.name or f"{op}_{i}", domain)
             for out in node.outputs:
                 if out and out not in types:
                     raise errors.Fail(f"NpuSim compiler: no shape could be inferred for tensor "

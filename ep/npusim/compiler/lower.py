@@ -16,12 +16,13 @@ rather than on tensors.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from npu_sim.dtypes import TensorSpec
+from npu_sim import dtypes
 
 from ... import errors
 from ..ops import Lowering, entries, ops_where
@@ -42,8 +43,10 @@ class LoweredTensor:
     buffer: int
 
     @property
-    def spec(self) -> TensorSpec:
-        return TensorSpec(self.shape, self.dtype)
+    def nbytes(self) -> int:
+        """Bytes of the tensor (``TensorSpec(shape, dtype).nbytes``, without validating again
+        what the import validated)."""
+        return math.prod(self.shape) * dtypes.itemsize(self.dtype)
 
 
 @dataclass(frozen=True)

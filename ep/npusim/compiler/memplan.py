@@ -189,4 +189,4 @@ def liveness(lowered: Lowered) -> list[Buffer]:
 
 def buffer_bytes(lowered: Lowered, buffer: int) -> int:
     """Bytes of the storage ``buffer`` (its root tensor's size)."""
-    return lowered.tensors[buffer].spec.nbytes
+    return lowered.tensors[buffer].nbytes
