@@ -69,11 +69,11 @@ def _misshapen_pools(graph: GraphView) -> dict[int, str]:
     return found
 
 
-def _unreliable_input(graph: GraphView, i: int) -> str | None:
+def _unreliable_input(graph: GraphView, inputs: list[str]) -> str | None:
     """An input downstream of a pool whose inferred shape onnxruntime does not produce: the
     node would be compiled for a shape it never receives."""
     misshapen = _misshapen_pools(graph)
-    for tensor in graph.nodes[i].input:
+    for tensor in inputs:
         p = graph.producer(tensor) if tensor else None
         if p is not None and p in misshapen:
             return f"the shape of input '{tensor}' depends on {misshapen[p]}"
@@ -116,8 +116,9 @@ def _reason(graph: GraphView, i: int) -> str | None:
             f"opset {opset} not supported; supported opsets "
             f"{support.since_opset}..{support.until_opset}"
         )
-    typed = [(node.input[k], "input", support.dtypes) for k in support.typed_inputs
-             if k < len(node.input)]
+    inputs = list(node.input)  # a protobuf field: read it once
+    typed = [(inputs[k], "input", support.dtypes) for k in support.typed_inputs
+             if k < len(inputs)]
     if node.output:
         typed.append((node.output[0], "output", support.output_dtypes or support.dtypes))
     for tensor, role, allowed in typed:
@@ -130,12 +131,12 @@ def _reason(graph: GraphView, i: int) -> str | None:
                 allowed
             )
     # Constant inputs first: a runtime shape or axes input is why the output shape is unknown.
-    if why := require_constant(graph, node.input, support.const_inputs):
+    if why := require_constant(graph, inputs, support.const_inputs):
         return why
-    for tensor in node.input:
+    for tensor in inputs:
         if tensor and (why := _static(graph, tensor, "input")):
             return why
-    if why := _unreliable_input(graph, i):
+    if why := _unreliable_input(graph, inputs):
         return why
     live = live_outputs(graph, i)  # a dead tail is not materialized: any shape will do
     for tensor in live:
@@ -146,7 +147,7 @@ def _reason(graph: GraphView, i: int) -> str | None:
             return why
     if support.check and (why := support.check(graph, i)):
         return why
-    return None if node.op_type in _EMPTY_OK else _empty_tensor(graph, node.input, live)
+    return None if node.op_type in _EMPTY_OK else _empty_tensor(graph, inputs, live)
 
 
 def check_node(graph: GraphView, i: int) -> str | None:

@@ -282,6 +282,12 @@ class SupportTable(Mapping[str, OpSupport]):
         except KeyError:
             raise KeyError(op) from None
 
+    def get(self, op: str, default: OpSupport | None = None) -> OpSupport | None:
+        """``self[op]``, or ``default`` for an op outside the catalogue (without raising and
+        catching a KeyError: the capability check asks this for every node)."""
+        found = _CATALOGUE.get(op)
+        return default if found is None else found.support
+
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(_CATALOGUE))
 
