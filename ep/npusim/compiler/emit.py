@@ -36,52 +36,65 @@ def launch_dependencies(
 ) -> tuple[list[tuple[int, ...]], int]:
     """For each launch, the earlier launches it must directly follow (transitively reduced),
     and how many of the dependencies found before reduction were anti-dependencies."""
+    # Sets of launches are bit masks (bit j: launch j): unions of hundreds of readers per
+    # reused buffer are then one integer OR each.
     producer: dict[int, int] = {}
-    readers: dict[int, set[int]] = {b.key: set() for b in buffers}
+    readers: dict[int, int] = {b.key: 0 for b in buffers}
     for step, launch in enumerate(lowered.launches):
         for t in launch.outputs:
             producer.setdefault(lowered.tensors[t].buffer, step)
         for t in launch.inputs:
             if t >= 0 and not lowered.tensors[t].is_const:
-                readers[lowered.tensors[t].buffer].add(step)
+                readers[lowered.tensors[t].buffer] |= 1 << step
     earlier = _earlier_occupants(buffers, offsets, alignment)
-    previous: dict[int, set[int]] = {}  # buffer -> launches of earlier occupants of its memory
+    previous: dict[int, int] = {}  # buffer -> launches of earlier occupants of its memory
 
-    def occupants(key: int) -> set[int]:
-        if key not in previous:
-            found: set[int] = set()
+    def occupants(key: int) -> int:
+        found = previous.get(key)
+        if found is None:
+            found = 0
             for other in earlier.get(key, ()):
-                found.update(readers[other])
+                found |= readers[other]
                 if other in producer:
-                    found.add(producer[other])
+                    found |= 1 << producer[other]
             previous[key] = found
-        return previous[key]
+        return found
 
     deps: list[tuple[int, ...]] = []
     ancestors: list[int] = []  # bit j set: launch j precedes this one
     anti = 0
     for step, launch in enumerate(lowered.launches):
-        need: set[int] = set()
+        need = 0
         for t in launch.inputs:
             if t >= 0 and not lowered.tensors[t].is_const:
                 p = producer.get(lowered.tensors[t].buffer)
                 if p is not None and p != step:
-                    need.add(p)
-        data = len(need)
+                    need |= 1 << p
+        data = need.bit_count()
         for t in launch.outputs:
-            need.update(occupants(lowered.tensors[t].buffer))
-        need.discard(step)
-        anti += len(need) - data
+            need |= occupants(lowered.tensors[t].buffer)
+        need &= ~(1 << step)
+        anti += need.bit_count() - data
         implied = 0
-        for d in need:
+        for d in _bits(need):
             implied |= ancestors[d]
-        kept = tuple(sorted(d for d in need if not implied >> d & 1))
+        kept = tuple(_bits(need & ~implied))
         deps.append(kept)
         reach = 0
         for d in kept:
             reach |= ancestors[d] | (1 << d)
         ancestors.append(reach)
     return deps, anti
+
+
+def _bits(mask: int) -> list[int]:
+    """The positions of the set bits of ``mask``, ascending."""
+    found = []
+    while mask:
+        low = mask & -mask
+        found.append(low.bit_length() - 1)
+        mask ^= low
+    return found
 
 
 _ROWS = 256
