@@ -53,14 +53,17 @@ def _misshapen_pools(graph: GraphView) -> dict[int, str]:
     found = _MISSHAPEN.get(graph)
     if found is not None:
         return found
-    found = {}
-    for i in range(len(graph.nodes)):  # a GraphView's nodes are in topological order
-        node = graph.nodes[i]
+    pools = {}
+    for i, node in enumerate(graph.nodes):
         if node.op_type in ("MaxPool", "AveragePool") and (why := pool_check(graph, i)) and (
                 CEIL_DISAGREES in why):
-            found[i] = f"{node.op_type} {graph.names[i]!r}, for which {why}"
+            pools[i] = f"{node.op_type} {graph.names[i]!r}, for which {why}"
+    found = {}
+    for i in range(len(graph.nodes) if pools else 0):  # nodes are in topological order
+        if i in pools:
+            found[i] = pools[i]
             continue
-        for tensor in node.input:
+        for tensor in graph.nodes[i].input:
             p = graph.producer(tensor) if tensor else None
             if p is not None and p in found:
                 found[i] = found[p]
