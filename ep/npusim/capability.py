@@ -50,16 +50,20 @@ _MISSHAPEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _misshapen_pools(graph: GraphView) -> dict[int, str]:
     """Node -> the pool upstream of it (itself included) whose inferred output shape
     onnxruntime does not produce, named; computed once per graph."""
-    if graph in _MISSHAPEN:
-        return _MISSHAPEN[graph]
-    found: dict[int, str] = {}
-    for i in range(len(graph.nodes)):  # a GraphView's nodes are in topological order
-        node = graph.nodes[i]
+    found = _MISSHAPEN.get(graph)
+    if found is not None:
+        return found
+    pools = {}
+    for i, node in enumerate(graph.nodes):
         if node.op_type in ("MaxPool", "AveragePool") and (why := pool_check(graph, i)) and (
                 CEIL_DISAGREES in why):
-            found[i] = f"{node.op_type} {graph.names[i]!r}, for which {why}"
+            pools[i] = f"{node.op_type} {graph.names[i]!r}, for which {why}"
+    found = {}
+    for i in range(len(graph.nodes) if pools else 0):  # nodes are in topological order
+        if i in pools:
+            found[i] = pools[i]
             continue
-        for tensor in node.input:
+        for tensor in graph.nodes[i].input:
             p = graph.producer(tensor) if tensor else None
             if p is not None and p in found:
                 found[i] = found[p]
@@ -68,24 +72,23 @@ def _misshapen_pools(graph: GraphView) -> dict[int, str]:
     return found
 
 
-def _unreliable_input(graph: GraphView, i: int) -> str | None:
+def _unreliable_input(graph: GraphView, inputs: list[str]) -> str | None:
     """An input downstream of a pool whose inferred shape onnxruntime does not produce: the
     node would be compiled for a shape it never receives."""
     misshapen = _misshapen_pools(graph)
-    for tensor in graph.nodes[i].input:
+    for tensor in inputs:
         p = graph.producer(tensor) if tensor else None
         if p is not None and p in misshapen:
             return f"the shape of input '{tensor}' depends on {misshapen[p]}"
     return None
 
 
-def _empty_tensor(graph: GraphView, i: int) -> str | None:
-    roles = [("input", t) for t in graph.nodes[i].input] + [
-        ("output", t) for t in live_outputs(graph, i)]
-    for role, tensor in roles:
-        _, shape = graph.tensor_type(tensor) if tensor else (None, None)
-        if shape is not None and 0 in shape:
-            return f"empty {role} '{tensor}' (shape {tuple(shape)}) not supported"
+def _empty_tensor(graph: GraphView, inputs: Iterable[str], outputs: Iterable[str]) -> str | None:
+    for role, tensors in (("input", inputs), ("output", outputs)):
+        for tensor in tensors:
+            _, shape = graph.tensor_type(tensor) if tensor else (None, None)
+            if shape is not None and 0 in shape:
+                return f"empty {role} '{tensor}' (shape {tuple(shape)}) not supported"
     return None
 
 
@@ -116,8 +119,9 @@ def _reason(graph: GraphView, i: int) -> str | None:
             f"opset {opset} not supported; supported opsets "
             f"{support.since_opset}..{support.until_opset}"
         )
-    typed = [(node.input[k], "input", support.dtypes) for k in support.typed_inputs
-             if k < len(node.input)]
+    inputs = list(node.input)  # a protobuf field: read it once
+    typed = [(inputs[k], "input", support.dtypes) for k in support.typed_inputs
+             if k < len(inputs)]
     if node.output:
         typed.append((node.output[0], "output", support.output_dtypes or support.dtypes))
     for tensor, role, allowed in typed:
@@ -130,20 +134,23 @@ def _reason(graph: GraphView, i: int) -> str | None:
                 allowed
             )
     # Constant inputs first: a runtime shape or axes input is why the output shape is unknown.
-    if why := require_constant(graph, node.input, support.const_inputs):
+    if why := require_constant(graph, inputs, support.const_inputs):
         return why
-    for tensor in node.input:
+    for tensor in inputs:
         if tensor and (why := _static(graph, tensor, "input")):
             return why
-    if why := _unreliable_input(graph, i):
+    if why := _unreliable_input(graph, inputs):
         return why
-    for tensor in live_outputs(graph, i):  # a dead tail is not materialized: any shape will do
+    live = live_outputs(graph, i)  # a dead tail is not materialized: any shape will do
+    for tensor in live:
+        if not tensor:
+            continue
         role = "unused output (a later output is used)" if is_dead(graph, tensor) else "output"
-        if tensor and (why := _static(graph, tensor, role)):
+        if why := _static(graph, tensor, role):
             return why
     if support.check and (why := support.check(graph, i)):
         return why
-    return None if node.op_type in _EMPTY_OK else _empty_tensor(graph, i)
+    return None if node.op_type in _EMPTY_OK else _empty_tensor(graph, inputs, live)
 
 
 def check_node(graph: GraphView, i: int) -> str | None:

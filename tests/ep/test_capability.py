@@ -183,3 +183,31 @@ def test_random_dags_are_fully_supported_and_form_one_acyclic_plan(model):
     plan = partition(view, [_TableEP()])
     assert set(plan.assignment.values()) == {"NpuSimExecutionProvider"}
     assert sum(len(p.nodes) for p in plan.partitions) == len(view.nodes)
+
+
+def test_nodes_downstream_of_a_pool_onnxruntime_shapes_differently_are_declined():
+    # ceil_mode with a window starting in the end padding: ONNX shape inference says 4x4,
+    # onnxruntime produces 3x3 (tests/ep/test_silent_differences.py); everything fed from the
+    # pool, directly or not, would be compiled for the 4x4 it never receives.
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="before"),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2],
+                              pads=[1, 1, 1, 1], ceil_mode=1, name="pool"),
+             helper.make_node("Relu", ["p"], ["q"], name="after"),
+             helper.make_node("Sigmoid", ["q"], ["y"], name="later"),
+             helper.make_node("Relu", ["x"], ["z"], name="beside")]
+    view = _view(nodes, [_vi("x", [1, 1, 5, 5])],
+                 [helper.make_tensor_value_info(o, 0, None) for o in ("y", "z")])
+    caps, reasons = get_npu_capability(view)
+    assert sorted(i for c in caps for i in c.nodes) == [0, 4]
+    assert "ceil_mode" in reasons[1] and "disagree" in reasons[1]
+    for i, tensor in ((2, "p"), (3, "q")):
+        assert reasons[i].startswith(f"{nodes[i].op_type}: the shape of input '{tensor}' "
+                                     f"depends on MaxPool 'pool', for which ")
+
+
+def test_a_pool_both_agree_on_declines_nothing_downstream():
+    nodes = [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[3, 3], strides=[2, 2],
+                              ceil_mode=1, name="pool"),
+             helper.make_node("Relu", ["p"], ["y"], name="after")]
+    caps, reasons = get_npu_capability(_view(nodes, [_vi("x", [1, 1, 6, 6])]))
+    assert reasons == {} and [c.nodes for c in caps] == [(0, 1)]

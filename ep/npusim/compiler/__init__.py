@@ -18,7 +18,7 @@ firmware loads, and a :class:`CompileReport` of every decision and figure.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,10 +29,10 @@ from npu_sim.config import DeviceConfig
 from ...framework.provider import FusedNode
 from .emit import emit, launch_dependencies
 from .ir import SubGraph
-from .lower import Lowered, lower
+from .lower import Launch, Lowered, lower
 from .memplan import ArenaPlan, liveness, plan_arena, plan_weights
 from .rewrite import optimize
-from .tiling import TilePlan, assign_cores, plan_launch
+from .tiling import PLANS, TilePlan, assign_cores
 
 __all__ = ["CompileReport", "CompiledPartition", "compile_partition", "compile_subgraph"]
 
@@ -108,8 +108,8 @@ def compile_subgraph(
     lap("rewrite")
     lowered = lower(graph)
     lap("lower")
-    priced: dict[tuple, TilePlan] = {}
-    plans = [_plan(config, lowered, i, priced) for i in range(len(lowered.launches))]
+    planner = PLANS.planner(config)
+    plans = [_plan(planner, lowered, launch) for launch in lowered.launches]
     lap("tiling")
     buffers = liveness(lowered)
     arena = plan_arena(buffers, config.hbm_alignment)
@@ -137,21 +137,13 @@ def compile_subgraph(
     return CompiledPartition(program, report)
 
 
-def _plan(config: DeviceConfig, lowered: Lowered, i: int,
-          priced: dict[tuple, TilePlan]) -> TilePlan:
-    """Launch ``i``'s tile plan; launches of the same op, types and attributes (``priced``, by
-    their repr: -0.0 is not 0.0) share one, since pricing reads nothing else."""
-    launch = lowered.launches[i]
-    ins = [lowered.tensors[t] if t >= 0 else None for t in launch.inputs]
-    outs = [lowered.tensors[t] for t in launch.outputs]
-    key = (launch.op, tuple((t.dtype, t.shape) if t else None for t in ins),
-           tuple((t.dtype, t.shape) for t in outs), repr(launch.attrs))
-    plan = priced.get(key)
-    if plan is None:
-        plan = priced[key] = plan_launch(config, launch.op,
-                                         [t.spec if t else None for t in ins],
-                                         [t.spec for t in outs], launch.attrs)
-    return plan
+def _plan(planner: Callable[..., TilePlan], lowered: Lowered, launch: Launch) -> TilePlan:
+    """``launch``'s tile plan from ``planner`` (:meth:`.tiling.PlanCache.planner`): launches
+    of the same op, types and attributes share one, since pricing reads nothing else."""
+    tensors = lowered.tensors
+    ins = [(tensors[t].dtype, tensors[t].shape) if t >= 0 else None for t in launch.inputs]
+    outs = [(tensors[t].dtype, tensors[t].shape) for t in launch.outputs]
+    return planner(launch.op, ins, outs, launch.attrs)
 
 
 def _program(name, config, lowered, arena, weights, commands) -> Program:

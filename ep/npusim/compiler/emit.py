@@ -36,62 +36,93 @@ def launch_dependencies(
 ) -> tuple[list[tuple[int, ...]], int]:
     """For each launch, the earlier launches it must directly follow (transitively reduced),
     and how many of the dependencies found before reduction were anti-dependencies."""
+    # Sets of launches are bit masks (bit j: launch j): unions of hundreds of readers per
+    # reused buffer are then one integer OR each.
     producer: dict[int, int] = {}
-    readers: dict[int, set[int]] = {b.key: set() for b in buffers}
+    readers: dict[int, int] = {b.key: 0 for b in buffers}
     for step, launch in enumerate(lowered.launches):
         for t in launch.outputs:
             producer.setdefault(lowered.tensors[t].buffer, step)
         for t in launch.inputs:
             if t >= 0 and not lowered.tensors[t].is_const:
-                readers[lowered.tensors[t].buffer].add(step)
-    by_key = {b.key: b for b in buffers}
-    # Per buffer, as arrays: the launches that must finish before a later buffer may take its
-    # memory are found for all buffers at once, not by a loop over every buffer per write.
-    keys = np.array([b.key for b in buffers], dtype=np.int64)
-    lasts = np.array([b.last for b in buffers], dtype=np.int64)
-    los = np.array([offsets[b.key] for b in buffers], dtype=np.int64)
-    his = los + np.array([align_up(max(b.size, 1), alignment) for b in buffers], dtype=np.int64)
-    position = {b.key: k for k, b in enumerate(buffers)}
-    previous: dict[int, set[int]] = {}  # buffer -> launches of earlier occupants of its memory
+                readers[lowered.tensors[t].buffer] |= 1 << step
+    earlier = _earlier_occupants(buffers, offsets, alignment)
+    previous: dict[int, int] = {}  # buffer -> launches of earlier occupants of its memory
 
-    def occupants(key: int) -> set[int]:
-        if key not in previous:
-            written, k = by_key[key], position[key]
-            found: set[int] = set()
-            overlap = (lasts < written.first) & (keys != key) & (los < his[k]) & (los[k] < his)
-            for e in np.flatnonzero(overlap):
-                earlier = int(keys[e])
-                found.update(readers[earlier])
-                if earlier in producer:
-                    found.add(producer[earlier])
+    def occupants(key: int) -> int:
+        found = previous.get(key)
+        if found is None:
+            found = 0
+            for other in earlier.get(key, ()):
+                found |= readers[other]
+                if other in producer:
+                    found |= 1 << producer[other]
             previous[key] = found
-        return previous[key]
+        return found
 
     deps: list[tuple[int, ...]] = []
     ancestors: list[int] = []  # bit j set: launch j precedes this one
     anti = 0
     for step, launch in enumerate(lowered.launches):
-        need: set[int] = set()
+        need = 0
         for t in launch.inputs:
             if t >= 0 and not lowered.tensors[t].is_const:
                 p = producer.get(lowered.tensors[t].buffer)
                 if p is not None and p != step:
-                    need.add(p)
-        data = len(need)
+                    need |= 1 << p
+        data = need.bit_count()
         for t in launch.outputs:
-            need.update(occupants(lowered.tensors[t].buffer))
-        need.discard(step)
-        anti += len(need) - data
+            need |= occupants(lowered.tensors[t].buffer)
+        need &= ~(1 << step)
+        anti += need.bit_count() - data
         implied = 0
-        for d in need:
+        for d in _bits(need):
             implied |= ancestors[d]
-        kept = tuple(sorted(d for d in need if not implied >> d & 1))
+        kept = tuple(_bits(need & ~implied))
         deps.append(kept)
         reach = 0
         for d in kept:
             reach |= ancestors[d] | (1 << d)
         ancestors.append(reach)
     return deps, anti
+
+
+def _bits(mask: int) -> list[int]:
+    """The positions of the set bits of ``mask``, ascending."""
+    found = []
+    while mask:
+        low = mask & -mask
+        found.append(low.bit_length() - 1)
+        mask ^= low
+    return found
+
+
+_ROWS = 256
+"""Buffers whose earlier occupants are found in one array operation (a block of rows of the
+buffer x buffer overlap matrix: 256 x 5000 booleans for a large transformer)."""
+
+
+def _earlier_occupants(buffers: Sequence[Buffer], offsets: Mapping[int, int],
+                       alignment: int) -> dict[int, list[int]]:
+    """Buffer key -> the buffers that died before it was written and share its memory.
+
+    Found for blocks of buffers at once with array operations, not by a loop over every buffer
+    per buffer (or per write: an array operation per buffer cost more than the scan itself)."""
+    keys = np.array([b.key for b in buffers], dtype=np.int64)
+    firsts = np.array([b.first for b in buffers], dtype=np.int64)
+    lasts = np.array([b.last for b in buffers], dtype=np.int64)
+    los = np.array([offsets[b.key] for b in buffers], dtype=np.int64)
+    his = los + np.array([align_up(max(b.size, 1), alignment) for b in buffers], dtype=np.int64)
+    key_list = keys.tolist()
+    found: dict[int, list[int]] = {}
+    for start in range(0, len(buffers), _ROWS):
+        rows = slice(start, start + _ROWS)
+        overlap = ((lasts[None, :] < firsts[rows, None]) & (keys[None, :] != keys[rows, None])
+                   & (los[None, :] < his[rows, None]) & (los[rows, None] < his[None, :]))
+        row, col = np.nonzero(overlap)
+        for r, c in zip((row + start).tolist(), col.tolist(), strict=True):
+            found.setdefault(key_list[r], []).append(key_list[c])
+    return found
 
 
 def emit(launch_deps: Sequence[tuple[int, ...]], core_masks: Sequence[int]) -> list[Command]:

@@ -36,7 +36,7 @@ from __future__ import annotations
 from npu_sim.epilogue import BINARY, GATES, Step, decode, encode, operands
 
 from ..ops import Fusion, ops_where
-from .ir import Node, SubGraph, activation_params, broadcasts_to
+from .ir import Node, SubGraph, Uses, activation_params, broadcasts_to
 
 HOSTS = ops_where(fusion=Fusion.HOST)
 ACTIVATIONS = ops_where(fusion=Fusion.ACTIVATION)
@@ -45,45 +45,10 @@ OWN_INPUTS = {"Conv": 3, "ConvTranspose": 3, "Gemm": 3, "MatMul": 2}
 _ONNX = ("", "ai.onnx")
 
 
-class _Readers:
-    """Who reads and who writes each tensor, indexed once and kept current as nodes fold (the
-    graph's own lookups scan every node: quadratic over a few hundred hosts)."""
-
-    def __init__(self, graph: SubGraph) -> None:
-        self.graph = graph
-        self.outputs = set(graph.outputs)
-        self.readers: dict[str, list[Node]] = {}
-        self.writer: dict[str, Node] = {}
-        for node in graph.nodes:
-            for name in node.inputs:
-                self.readers.setdefault(name, []).append(node)
-            for name in node.outputs:
-                self.writer[name] = node
-
-    def of(self, name: str) -> list[Node]:
-        return self.readers.get(name, [])
-
-    def only(self, name: str) -> Node | None:
-        """The single reader of ``name`` (read once, not a graph output), like
-        :meth:`SubGraph.only_consumer`."""
-        readers = self.of(name)
-        if name in self.outputs or len(readers) != 1 or readers[0].inputs.count(name) != 1:
-            return None
-        return readers[0]
-
-    def drop(self, node: Node) -> None:
-        """``node`` leaves the graph: it reads nothing any more."""
-        for name in node.inputs:
-            self.readers[name].remove(node)
-
-    def read(self, node: Node, name: str) -> None:
-        self.readers.setdefault(name, []).append(node)
-
-
 def fuse_epilogues(graph: SubGraph) -> int:
     """Fold the elementwise ops after each host into its launch; returns how many it folded."""
     fused = 0
-    index = _Readers(graph)
+    index = Uses(graph)
     for host in list(graph.nodes):
         if host.op in OWN_INPUTS and host.op in HOSTS and host.domain in _ONNX:
             fused += _input_scale(index, host)
@@ -92,7 +57,7 @@ def fuse_epilogues(graph: SubGraph) -> int:
     return fused
 
 
-def _input_scale(index: _Readers, host: Node) -> int:
+def _input_scale(index: Uses, host: Node) -> int:
     """Fold ``Mul(t, s)`` with a per-channel ``s`` into the group-1 Conv reading it (1 if so)."""
     graph = index.graph
     x = host.inputs[0]
@@ -125,7 +90,7 @@ def _per_channel(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
     return padded[1] == target[1] and all(d == 1 for i, d in enumerate(padded) if i != 1)
 
 
-def _absorb(index: _Readers, host: Node) -> bool:
+def _absorb(index: Uses, host: Node) -> bool:
     """Absorb one step into ``host``; False when nothing after it fits."""
     graph = index.graph
     out = host.outputs[0]
@@ -152,7 +117,7 @@ def _absorb(index: _Readers, host: Node) -> bool:
     return False
 
 
-def _gate(index: _Readers, host: Node, readers: list[Node]) -> bool:
+def _gate(index: Uses, host: Node, readers: list[Node]) -> bool:
     graph = index.graph
     out = host.outputs[0]
     acts = [n for n in readers if n.op in GATES and n.domain in _ONNX and n.inputs[0] == out]
@@ -170,7 +135,7 @@ def _gate(index: _Readers, host: Node, readers: list[Node]) -> bool:
     return _fold(index, host, [act, mul], Step(act.op, gate=True, params=params))
 
 
-def _append_operand(index: _Readers, host: Node, name: str) -> int:
+def _append_operand(index: Uses, host: Node, name: str) -> int:
     """Give ``host`` the input ``name`` after its own inputs (omitted optional ones padded
     with ``""``) and the operands its epilogue and prologue already read; returns its index."""
     own = OWN_INPUTS[host.op]
@@ -179,7 +144,7 @@ def _append_operand(index: _Readers, host: Node, name: str) -> int:
     return own + len(operands(host.op, host.attrs))
 
 
-def _fold(index: _Readers, host: Node, nodes: list[Node], step: Step) -> bool:
+def _fold(index: Uses, host: Node, nodes: list[Node], step: Step) -> bool:
     """Append ``step`` to ``host``'s epilogue, take over the last node's output and place."""
     graph = index.graph
     steps = [*decode(host.op, host.attrs), step]

@@ -41,9 +41,12 @@ TensorType = tuple[str, tuple[int, ...]]
 OPSET_DEPENDENT = ops_where(opset_dependent=True)
 
 
-@dataclass
+@dataclass(eq=False)
 class Node:
-    """One node of a :class:`SubGraph`. ``""`` in ``inputs`` marks an omitted optional input."""
+    """One node of a :class:`SubGraph`. ``""`` in ``inputs`` marks an omitted optional input.
+
+    Nodes compare by identity, as graph nodes do: two nodes with the same fields are still two
+    nodes (and ``graph.nodes.remove(node)`` compares no fields)."""
 
     op: str
     inputs: list[str]
@@ -92,18 +95,22 @@ class SubGraph:
             if vi.name not in types:
                 types[vi.name] = _static_type(vi)
         nodes = []
-        read = {name for proto in inferred.node for name in proto.input if name}
+        protos = list(inferred.node)
+        reads = [list(proto.input) for proto in protos]  # each protobuf field is read once
+        read = {name for names in reads for name in names if name}
         read.update(vi.name for vi in inferred.output)
-        for i, proto in enumerate(inferred.node):
+        for i, (proto, ins) in enumerate(zip(protos, reads, strict=True)):
             attrs = {a.name: attr_value(a) for a in proto.attribute}
-            if proto.op_type in OPSET_DEPENDENT and proto.domain in ("", "ai.onnx"):
+            op, domain = proto.op_type, proto.domain
+            if op in OPSET_DEPENDENT and domain in ("", "ai.onnx"):
                 attrs["_opset"] = opset
-            if (proto.op_type == "Split" and "split" not in attrs and "num_outputs" not in attrs
-                    and (len(proto.input) < 2 or not proto.input[1])):
+            outs = list(proto.output)
+            if (op == "Split" and "split" not in attrs and "num_outputs" not in attrs
+                    and (len(ins) < 2 or not ins[1])):
                 # The kernel cannot see how many outputs the node has: tell it.
-                attrs["num_outputs"] = len(proto.output)
-            node = Node(proto.op_type, list(proto.input), _without_dead_tail(proto.output, read),
-                        attrs, proto.name or f"{proto.op_type}_{i}", proto.domain)
+                attrs["num_outputs"] = len(outs)
+            node = Node(op, ins, _without_dead_tail(outs, read), attrs,
+                        proto.name or f"{op}_{i}", domain)
             for out in node.outputs:
                 if out and out not in types:
                     raise errors.Fail(f"NpuSim compiler: no shape could be inferred for tensor "
@@ -174,6 +181,46 @@ class SubGraph:
         return removed
 
 
+class Uses:
+    """Who reads and who writes each tensor of a :class:`SubGraph`, indexed once; a rewrite
+    that edits the graph keeps it current (:meth:`drop`, :meth:`read`, ``writer``). The
+    graph's own :meth:`~SubGraph.producer` and :meth:`~SubGraph.consumers` scan every node:
+    quadratic over a pass that asks for each of a few hundred nodes."""
+
+    def __init__(self, graph: SubGraph) -> None:
+        self.graph = graph
+        self.outputs = set(graph.outputs)
+        self.readers: dict[str, list[Node]] = {}
+        self.writer: dict[str, Node] = {}
+        """tensor -> the node writing it (the first, like :meth:`SubGraph.producer`)."""
+        for node in graph.nodes:
+            for name in node.inputs:
+                self.readers.setdefault(name, []).append(node)
+            for name in node.outputs:
+                self.writer.setdefault(name, node)
+
+    def of(self, name: str) -> list[Node]:
+        """The nodes reading ``name``, once per input that reads it."""
+        return self.readers.get(name, [])
+
+    def only(self, name: str) -> Node | None:
+        """The single reader of ``name`` (read once, not a graph output), like
+        :meth:`SubGraph.only_consumer`."""
+        readers = self.of(name)
+        if name in self.outputs or len(readers) != 1 or readers[0].inputs.count(name) != 1:
+            return None
+        return readers[0]
+
+    def drop(self, node: Node) -> None:
+        """``node`` leaves the graph: it reads nothing any more."""
+        for name in node.inputs:
+            self.readers[name].remove(node)
+
+    def read(self, node: Node, name: str) -> None:
+        """``node`` now reads ``name`` as well."""
+        self.readers.setdefault(name, []).append(node)
+
+
 _BLOCK_COLUMNS = 256
 
 
@@ -203,8 +250,18 @@ def _without_dead_tail(outputs: Sequence[str], read: set[str]) -> list[str]:
     return kept
 
 
+_A = onnx.AttributeProto
+_SCALARS = {_A.INT: lambda a: a.i, _A.FLOAT: lambda a: a.f,
+            _A.INTS: lambda a: tuple(a.ints), _A.FLOATS: lambda a: tuple(a.floats)}
+"""The attribute kinds nodes mostly carry, read directly (what ``helper.get_attribute_value``
+would return, lists as tuples)."""
+
+
 def attr_value(attr: onnx.AttributeProto) -> Any:
     """An ONNX attribute as plain python: lists become tuples, strings str, tensors numpy."""
+    read = _SCALARS.get(attr.type)
+    if read is not None and not attr.ref_attr_name:
+        return read(attr)
     value = helper.get_attribute_value(attr)
     if isinstance(value, bytes):
         return value.decode("utf-8")
@@ -225,25 +282,29 @@ def _infer(
     overridden dims fixed, and every intermediate's type inferred. Weights are not copied: they
     become typed inputs of the copy (read their values from ``graph``); small initializers stay,
     so shape arithmetic on them still propagates."""
-    light = onnx.GraphProto()
+    model = onnx.ModelProto(ir_version=onnx.IR_VERSION)
+    model.opset_import.extend(opset_imports)
+    light = model.graph
     light.node.extend(_toposorted(graph, {t.name for t in initializers}))
     light.input.extend(graph.input)
     light.output.extend(graph.output)
-    for tensor in initializers:
-        if nbytes(tensor) < WEIGHT_BYTES:
-            light.initializer.append(tensor)
-        else:
-            light.input.append(helper.make_tensor_value_info(tensor.name, tensor.data_type,
-                                                             list(tensor.dims)))
-    for vi in [*light.input, *light.output]:
+    for vi in [*light.input, *light.output] if overrides else ():
         if not vi.type.HasField("tensor_type"):
             continue
         for dim in vi.type.tensor_type.shape.dim:
             if dim.HasField("dim_param") and dim.dim_param in overrides:
                 dim.dim_value = int(overrides[dim.dim_param])
-    model = onnx.ModelProto(ir_version=onnx.IR_VERSION)
-    model.opset_import.extend(opset_imports)
-    model.graph.CopyFrom(light)
+    for tensor in initializers:
+        if nbytes(tensor) < WEIGHT_BYTES:
+            light.initializer.append(tensor)
+        else:  # helper.make_tensor_value_info(name, data_type, dims), built in place
+            vi = light.input.add()
+            vi.name = tensor.name
+            typed = vi.type.tensor_type
+            typed.elem_type = tensor.data_type
+            typed.shape.SetInParent()
+            for d in tensor.dims:
+                typed.shape.dim.add().dim_value = d
     try:
         model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:

@@ -16,12 +16,13 @@ rather than on tensors.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from npu_sim.dtypes import TensorSpec
+from npu_sim import dtypes
 
 from ... import errors
 from ..ops import Lowering, entries, ops_where
@@ -42,8 +43,10 @@ class LoweredTensor:
     buffer: int
 
     @property
-    def spec(self) -> TensorSpec:
-        return TensorSpec(self.shape, self.dtype)
+    def nbytes(self) -> int:
+        """Bytes of the tensor (``TensorSpec(shape, dtype).nbytes``, without validating again
+        what the import validated)."""
+        return math.prod(self.shape) * dtypes.itemsize(self.dtype)
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,15 @@ def plain_attrs(node: str, attrs: dict[str, Any]) -> dict[str, Any]:
     return {key: _plain(node, key, value) for key, value in sorted(attrs.items())}
 
 
+_PLAIN = (int, float, str, bytes)  # by exact type: a bool is an int subclass, and becomes 0/1
+
+
 def _plain(node: str, key: str, value: Any) -> Any:
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind is tuple and all(type(v) in _PLAIN for v in value):
+        return value  # what the loop below builds: the same items, in a tuple
     if isinstance(value, (bool, np.bool_)):
         return int(value)
     if isinstance(value, (int, float, str, bytes)):

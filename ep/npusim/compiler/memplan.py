@@ -72,8 +72,9 @@ def plan_arena(buffers: Sequence[Buffer], alignment: int) -> ArenaPlan:
     offsets: dict[int, int] = {}
     for buf in order:
         need = sizes[buf.key]
+        first, last = buf.first, buf.last  # other.overlaps_in_time(buf), inlined: O(n^2)
         busy = sorted((off, off + size) for off, size, other in placed
-                      if other.overlaps_in_time(buf))
+                      if other.first <= last and first <= other.last)
         best, best_waste, cursor = None, None, 0
         for start, end in busy:
             gap = start - cursor
@@ -189,4 +190,4 @@ def liveness(lowered: Lowered) -> list[Buffer]:
 
 def buffer_bytes(lowered: Lowered, buffer: int) -> int:
     """Bytes of the storage ``buffer`` (its root tensor's size)."""
-    return lowered.tensors[buffer].spec.nbytes
+    return lowered.tensors[buffer].nbytes

@@ -35,7 +35,7 @@ from npu_sim.kernels.limits import check_elements
 
 from ..ops import Fusion, ops_where
 from .epilogue import fuse_epilogues
-from .ir import Node, SubGraph, activation_params, broadcasts_to, contiguous, run_node
+from .ir import Node, SubGraph, Uses, activation_params, broadcasts_to, contiguous, run_node
 
 FUSABLE_ACTIVATIONS = ops_where(fusion=Fusion.ACTIVATION)
 ACTIVATION_HOSTS = ops_where(fusion=Fusion.HOST)
@@ -231,13 +231,14 @@ def matmul_add_to_gemm(graph: SubGraph) -> int:
 def fuse_activations(graph: SubGraph) -> int:
     """Fold an activation into the Conv/ConvTranspose/Gemm/MatMul that produces its input."""
     fused = 0
+    uses = Uses(graph)
     for act in list(graph.nodes):
         if act.op not in FUSABLE_ACTIVATIONS or act.domain not in ("", "ai.onnx"):
             continue
-        host = graph.producer(act.inputs[0])
+        host = uses.writer.get(act.inputs[0])
         if (host is None or host.op not in ACTIVATION_HOSTS or "activation" in host.attrs
                 or host.domain not in ("", "ai.onnx")
-                or graph.only_consumer(act.inputs[0]) is not act
+                or uses.only(act.inputs[0]) is not act
                 or graph.types[act.inputs[0]][0] not in FLOAT_TYPES):
             continue
         params = activation_params(graph, act)
@@ -246,6 +247,8 @@ def fuse_activations(graph: SubGraph) -> int:
         host.attrs["activation"] = act.op
         host.attrs["activation_params"] = params
         host.outputs = [act.outputs[0]]
+        uses.writer[host.outputs[0]] = host
+        uses.drop(act)
         graph.nodes.remove(act)
         fused += 1
     return fused
@@ -262,6 +265,8 @@ def fold_qdq(graph: SubGraph) -> int:
     to int32 with scale ``x_scale * w_scale`` (which ONNX QDQ exporters already use, so a bias
     given as DequantizeLinear of int32 with that scale is taken as is).
     """
+    if not any(n.op == "QuantizeLinear" for n in graph.nodes):
+        return 0  # every fold ends in one: no need to look for the rest of the pattern
     folded = 0
     for node in list(graph.nodes):
         if node.op not in ("Conv", "MatMul") or node.domain not in ("", "ai.onnx"):

@@ -17,18 +17,32 @@ with the cycles.
 launch DAG with the cost model's cycles: a launch takes the ``k`` cores that are free earliest
 once its inputs are ready, so independent branches land on disjoint cores. The mask becomes the
 KERNEL command's ``core_mask``.
+
+A plan is a pure function of the config, the op, its operands' types and its attributes (and
+the pricing function the device uses for the op): :class:`PlanCache` keeps the plans it has made,
+a bounded number of them, so launches of the same shape, in one partition or in the next
+session's, are priced once (a depthwise block of a MobileNet repeats a handful of shapes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from npu_sim import kernels as npu_kernels
 from npu_sim.config import DeviceConfig
 from npu_sim.dtypes import TensorSpec
 
 from ..ops import price
+
+TensorType = tuple[str, tuple[int, ...]]
+
+_CONFIGS = 64
+"""Distinct configs :meth:`PlanCache.planner` keeps one instance of."""
 
 SPLIT_GAIN = 0.05
 """Another core must save at least this fraction of the launch's cycles to be worth taking."""
@@ -69,6 +83,65 @@ def plan_launch(
     return TilePlan(cores, getattr(chosen, "tile", ()), getattr(chosen, "sram_bytes", 0),
                     chosen.total_cycles, costs[0].total_cycles,
                     getattr(chosen, "engine", "vector"), getattr(chosen, "split", ""))
+
+
+class PlanCache:
+    """Tile plans by (config, op, operand types, attributes, pricing function), the
+    ``capacity`` most recently used; safe to share between threads.
+
+    Attributes are keyed by their ``repr``: ``-0.0`` and ``0.0`` compare equal but may price
+    differently. The key holds the op's kernel cycles function (or None: the cost model's
+    price), so a kernel registered again under the same name is not priced with the old one.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._plans: OrderedDict[tuple, TilePlan] = OrderedDict()
+        self._configs: dict[DeviceConfig, DeviceConfig] = {}
+        self._lock = threading.Lock()
+
+    def planner(self, config: DeviceConfig) -> Callable[..., TilePlan]:
+        """:meth:`plan` for ``config``, which it keys by one instance of the equal configs it
+        has seen: a session builds its own config, and comparing two configs field by field
+        on every lookup cost more than the rest of the lookup."""
+        with self._lock:
+            if len(self._configs) >= _CONFIGS and config not in self._configs:
+                self._configs.clear()  # keys holding the old instances still compare equal
+            config = self._configs.setdefault(config, config)
+        return functools.partial(self.plan, config)
+
+    def plan(
+        self,
+        config: DeviceConfig,
+        op: str,
+        in_types: Sequence[TensorType | None],
+        out_types: Sequence[TensorType],
+        attrs: Mapping[str, Any],
+    ) -> TilePlan:
+        """:func:`plan_launch` of operands of these ``(dtype, shape)`` types (None: omitted)."""
+        key = (config, op, tuple(in_types), tuple(out_types), repr(attrs),
+               npu_kernels.lookup(op).cycles)
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is not None:
+                self._plans.move_to_end(key)
+                return plan
+        plan = plan_launch(config, op, [None if t is None else TensorSpec(t[1], t[0])
+                                        for t in in_types],
+                           [TensorSpec(shape, dtype) for dtype, shape in out_types], attrs)
+        with self._lock:
+            self._plans[key] = plan
+            while len(self._plans) > self.capacity:
+                self._plans.popitem(last=False)
+        return plan
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+
+PLANS = PlanCache(4096)
+"""The compiler's plans (a few hundred bytes each): the bench set's models have 17 (GPT-2) to
+57 (EfficientNet) distinct launches each, so this holds those of many models."""
 
 
 def assign_cores(

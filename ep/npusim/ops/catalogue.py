@@ -149,6 +149,9 @@ class Op:
 
 
 _CATALOGUE: dict[str, OpEntry] = {}
+_EDITS = [0]
+"""How many times the catalogue changed (entries are frozen: only :func:`add` and
+:func:`remove` change it); an :class:`OpsWhere` recomputes its members when this moves."""
 
 
 def register(*op_types: str, since: int) -> Callable[[type[Op]], type[Op]]:
@@ -185,6 +188,7 @@ def add(entry: OpEntry) -> OpEntry:
             raise CatalogueError(f"{entry.op_type}: kernel {entry.kernel!r} has no price: no "
                                  "cycles function and no npu_sim.cost model")
     _CATALOGUE[entry.op_type] = entry
+    _EDITS[0] += 1
     return entry
 
 
@@ -221,6 +225,7 @@ def entry(op_type: str) -> OpEntry:
 def remove(op_type: str) -> None:
     """Remove an entry (for tests that register temporary ones)."""
     _CATALOGUE.pop(op_type, None)
+    _EDITS[0] += 1
 
 
 def entries() -> dict[str, OpEntry]:
@@ -233,13 +238,20 @@ class OpsWhere(Set[str]):
 
     def __init__(self, fields: Mapping[str, object]) -> None:
         self._fields = dict(fields)
+        self._members: tuple[int, frozenset[str]] = (-1, frozenset())
 
     def _matches(self, e: OpEntry) -> bool:
         return all(getattr(e, k) == v for k, v in self._fields.items())
 
     def __contains__(self, op: object) -> bool:
-        e = _CATALOGUE.get(op) if isinstance(op, str) else None
-        return e is not None and self._matches(e)
+        # The compiler asks this for every node several times: the members are computed once
+        # per state of the catalogue.
+        edits, members = self._members
+        if edits != _EDITS[0]:
+            edits = _EDITS[0]
+            members = frozenset(o for o, e in list(_CATALOGUE.items()) if self._matches(e))
+            self._members = (edits, members)
+        return isinstance(op, str) and op in members
 
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(op for op, e in _CATALOGUE.items() if self._matches(e)))
@@ -269,6 +281,12 @@ class SupportTable(Mapping[str, OpSupport]):
             return _CATALOGUE[op].support
         except KeyError:
             raise KeyError(op) from None
+
+    def get(self, op: str, default: OpSupport | None = None) -> OpSupport | None:
+        """``self[op]``, or ``default`` for an op outside the catalogue (without raising and
+        catching a KeyError: the capability check asks this for every node)."""
+        found = _CATALOGUE.get(op)
+        return default if found is None else found.support
 
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(_CATALOGUE))
