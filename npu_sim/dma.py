@@ -42,6 +42,7 @@ import simpy
 
 from .config import DeviceConfig
 from .cost.energy import femtojoules
+from .dma_chain import UploadChain
 from .errors import DmaFault
 from .hbm import Hbm
 from .pieces import immutable
@@ -203,13 +204,43 @@ class DmaEngine:
                                        "addresses; one side must be HBM")
         return self._start(self._mover(src, dst, nbytes, name), src, dst, nbytes, name, deps)
 
-    def upload(self, root: np.ndarray, src: int, dst: int, *, shared: bool,
-               deps: Sequence[simpy.Event] = ()) -> simpy.Event:
-        """Copy all of ``root``, the whole host mapping at ``src`` (``shared``: made with
-        ``share=True`` over immutable bytes), to HBM at ``dst``, which the caller has checked
-        lies in one live allocation and is DMA-aligned: :meth:`transfer` without checking again
-        what the caller just established (the firmware's weight uploads, one per weight). The
-        transfer, its chunks, cycles and trace records are :meth:`transfer`'s."""
+    def upload_chain(self, uploads: Sequence[tuple[np.ndarray, int, int, bool]],
+                     after: simpy.Event | None = None) -> list[simpy.Event]:
+        """Copy each ``(root, src, dst, shared)`` of ``uploads``: all of ``root``, the whole host
+        mapping at ``src`` (``shared``: made with ``share=True`` over immutable bytes), to HBM at
+        ``dst``, which the caller has checked lies in one live allocation and is DMA-aligned,
+        each transfer starting once the previous one has arrived (the first once ``after`` has);
+        their arrival events. Each mapping is removed when its transfer arrives or fails (the
+        chain owns them). The firmware streams a program's weights so, one transfer per weight.
+
+        The transfers, their numbers, chunks, cycles, trace records and faults are those of
+        :meth:`transfer` once per upload with the previous arrival as its dependency, without
+        checking again what the caller just established, and without a simpy process per
+        transfer (:class:`~npu_sim.dma_chain.UploadChain`)."""
+        if not uploads:
+            return []
+        return UploadChain(self, uploads, after).arrivals
+
+    def _start(self, move: Callable[[int, int], None], src: int, dst: int, nbytes: int,
+               name: str, deps: Sequence[simpy.Event]) -> simpy.Event:
+        pieces, name, work = self._issue(src, dst, nbytes, name)
+        return self.env.process(self._run(move, pieces, name, work, tuple(deps), self.env.now))
+
+    def _issue(self, src: int, dst: int, nbytes: int,
+               name: str) -> tuple[list[tuple[int, int]], str, dict[str, Any]]:
+        """Number a new transfer; its chunks, its name and its records' ``work``."""
+        direction = "h2d" if is_host(src) else "d2h" if is_host(dst) else "d2d"
+        self._transfer_no += 1
+        name = name or f"{direction}#{self._transfer_no}"
+        self._stats["dma.transfers"] += 1
+        work = {"direction": direction, "src": src, "dst": dst, "transfer": self._transfer_no,
+                "transfer_bytes": nbytes}
+        return chunk_plan(self.config, nbytes), name, work
+
+    def _uploader(self, root: np.ndarray, dst: int,
+                  shared: bool) -> Callable[[int, int], None]:
+        """The function moving bytes ``[off, off + n)`` of ``root`` to HBM at ``dst + off``
+        (referred to when ``shared``, else copied)."""
         hbm = self.hbm
         if shared:
             def move(off: int, n: int) -> None:
@@ -217,18 +248,7 @@ class DmaEngine:
         else:
             def move(off: int, n: int) -> None:
                 hbm.store(dst + off, root[off:off + n])
-        return self._start(move, src, dst, root.size, "", deps)
-
-    def _start(self, move: Callable[[int, int], None], src: int, dst: int, nbytes: int,
-               name: str, deps: Sequence[simpy.Event]) -> simpy.Event:
-        direction = "h2d" if is_host(src) else "d2h" if is_host(dst) else "d2d"
-        self._transfer_no += 1
-        name = name or f"{direction}#{self._transfer_no}"
-        self._stats["dma.transfers"] += 1
-        pieces = chunk_plan(self.config, nbytes)
-        work = {"direction": direction, "src": src, "dst": dst, "transfer": self._transfer_no,
-                "transfer_bytes": nbytes}
-        return self.env.process(self._run(move, pieces, name, work, tuple(deps), self.env.now))
+        return move
 
     @property
     def transfers(self) -> int:
@@ -317,6 +337,8 @@ class DmaEngine:
 def chunk_plan(config: DeviceConfig, nbytes: int) -> list[tuple[int, int]]:
     """``(offset, bytes)`` of each chunk a transfer of ``nbytes`` is split into."""
     chunk = config.dma_chunk_bytes
+    if 0 < nbytes <= chunk:  # most transfers: one chunk
+        return [(0, nbytes)]
     return [(off, min(chunk, nbytes - off)) for off in range(0, nbytes, chunk)]
 
 
