@@ -34,6 +34,8 @@ from .trace.recorder import TraceRecorder
 
 __all__ = ["DMA_ALIGNMENT", "HOST_IOVA_BASE", "Device", "DeviceBuffer"]
 
+_BYTES = np.dtype(np.uint8)
+
 class Device:
     """A simulated NPU: config, clock, HBM, DMA engines, compute cores and a trace.
 
@@ -209,6 +211,9 @@ class Device:
         return events
 
     def _host_array(self, array: Any, *, writable: bool) -> np.ndarray:
+        if type(array) is np.ndarray and array.dtype is _BYTES and array.flags.c_contiguous \
+                and not writable:  # host bytes to upload (weights): nothing else to check
+            return array
         if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
             raise DmaFault("npu.dma", f"host array must be a C-contiguous numpy array, got "
                                       f"{type(array).__name__}")

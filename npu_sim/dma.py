@@ -55,6 +55,7 @@ DMA_ALIGNMENT = 4
 """Device-side DMA addresses must be multiples of this many bytes."""
 
 _IOVA_PAGE = 4096
+_BYTES = np.dtype(np.uint8)
 
 DMA_ENERGY = ("dma", "host_link", "hbm")
 """Energy components of a DMA chunk (see the module docstring)."""
@@ -98,7 +99,8 @@ class HostMap:
         iova = self._next
         pages = -(-max(array.nbytes, 1) // _IOVA_PAGE) + 1  # +1: guard page
         self._next += pages * _IOVA_PAGE
-        self._arrays[iova] = array.reshape(-1).view(np.uint8)
+        self._arrays[iova] = array if array.dtype is _BYTES and array.ndim == 1 \
+            else array.reshape(-1).view(np.uint8)  # flat bytes (already, for weights)
         self._starts.append(iova)  # addresses only grow: the list stays sorted
         if share and immutable(array):
             self._shared.add(iova)
