@@ -239,6 +239,21 @@ class DmaEngine:
                 "transfer_bytes": nbytes}
         return chunk_plan(self.config, nbytes), name, work
 
+    def _issue_uploads(self, uploads: Sequence[tuple[np.ndarray, int, int, bool]]) -> list[
+            tuple[np.ndarray, int, int, bool, list[tuple[int, int]], str, dict[str, Any]]]:
+        """:meth:`_issue` for each host-to-device upload ``(root, src, dst, shared)`` in turn,
+        in one loop (a chain has one per weight): each with its chunks, name and ``work``."""
+        first = self._transfer_no
+        chunk, config = self.config.dma_chunk_bytes, self.config
+        issued = [(root, src, dst, shared,
+                   [(0, root.size)] if 0 < root.size <= chunk else chunk_plan(config, root.size),
+                   f"h2d#{no}", {"direction": "h2d", "src": src, "dst": dst, "transfer": no,
+                                 "transfer_bytes": root.size})
+                  for no, (root, src, dst, shared) in enumerate(uploads, first + 1)]
+        self._transfer_no = first + len(issued)
+        self._stats["dma.transfers"] += len(issued)
+        return issued
+
     def _uploader(self, root: np.ndarray, dst: int,
                   shared: bool) -> Callable[[int, int], None]:
         """The function moving bytes ``[off, off + n)`` of ``root`` to HBM at ``dst + off``

@@ -47,8 +47,7 @@ class UploadChain:
         self._submit = env.now
         self._after = after
         # Numbered, chunked and described now, as each transfer's process was when issued.
-        self._uploads = [(root, src, dst, shared, *engine._issue(src, dst, root.size, ""))
-                         for root, src, dst, shared in uploads]
+        self._uploads = engine._issue_uploads(uploads)
         landed = self._landed  # one callback for every arrival
         self.arrivals: list[simpy.Event] = []
         for _ in uploads:
