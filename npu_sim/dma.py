@@ -225,24 +225,20 @@ class DmaEngine:
 
     def _start(self, move: Callable[[int, int], None], src: int, dst: int, nbytes: int,
                name: str, deps: Sequence[simpy.Event]) -> simpy.Event:
-        pieces, name, work = self._issue(src, dst, nbytes, name)
-        return self.env.process(self._run(move, pieces, name, work, tuple(deps), self.env.now))
-
-    def _issue(self, src: int, dst: int, nbytes: int,
-               name: str) -> tuple[list[tuple[int, int]], str, dict[str, Any]]:
-        """Number a new transfer; its chunks, its name and its records' ``work``."""
         direction = "h2d" if is_host(src) else "d2h" if is_host(dst) else "d2d"
         self._transfer_no += 1
         name = name or f"{direction}#{self._transfer_no}"
         self._stats["dma.transfers"] += 1
+        pieces = chunk_plan(self.config, nbytes)
         work = {"direction": direction, "src": src, "dst": dst, "transfer": self._transfer_no,
                 "transfer_bytes": nbytes}
-        return chunk_plan(self.config, nbytes), name, work
+        return self.env.process(self._run(move, pieces, name, work, tuple(deps), self.env.now))
 
     def _issue_uploads(self, uploads: Sequence[tuple[np.ndarray, int, int, bool]]) -> list[
             tuple[np.ndarray, int, int, bool, list[tuple[int, int]], str, dict[str, Any]]]:
-        """:meth:`_issue` for each host-to-device upload ``(root, src, dst, shared)`` in turn,
-        in one loop (a chain has one per weight): each with its chunks, name and ``work``."""
+        """Number each host-to-device upload ``(root, src, dst, shared)`` as a new transfer, in
+        turn, and describe it as :meth:`_start` does: each with its chunks, its name and its
+        records' ``work`` (one loop for a chain, which has one upload per weight)."""
         first = self._transfer_no
         chunk, config = self.config.dma_chunk_bytes, self.config
         issued = [(root, src, dst, shared,
