@@ -47,7 +47,7 @@ class UploadChain:
         self._submit = env.now
         self._after = after
         # Numbered, chunked and described now, as each transfer's process was when issued.
-        self._uploads = engine._issue_uploads(uploads)
+        self._uploads: list[tuple | None] = engine._issue_uploads(uploads)
         landed = self._landed  # one callback for every arrival
         self.arrivals: list[simpy.Event] = []
         for _ in uploads:
@@ -81,6 +81,7 @@ class UploadChain:
         k = self._landed_count
         self._landed_count = k + 1
         self._engine.host_map.unmap(self._uploads[k][1])
+        self._uploads[k] = None  # its host bytes are no longer needed here
         if k + 1 < len(self._uploads):
             self._release(arrival)
 
