@@ -300,8 +300,9 @@ class WeightStore:
         """Know every resident placed since the last call by its host bytes' address and size,
         and by its size, in the order they were placed. Done before the indexes are read or
         changed, so they are at every moment what indexing each resident when it was placed
-        gave; a device whose placements never look anything up (one program, say) never
-        works out host addresses."""
+        gave. So host addresses are worked out when first needed (a later placement's lookup,
+        a release, stats), once each, not while a program loads: placing into an empty store
+        looks nothing up."""
         if not self._unindexed:
             return
         for resident in self._unindexed:

@@ -36,6 +36,7 @@ __all__ = ["DMA_ALIGNMENT", "HOST_IOVA_BASE", "Device", "DeviceBuffer"]
 
 _BYTES = np.dtype(np.uint8)
 
+
 class Device:
     """A simulated NPU: config, clock, HBM, DMA engines, compute cores and a trace.
 
