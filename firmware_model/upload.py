@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 from bisect import bisect_left
+from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
@@ -69,51 +70,73 @@ def upload_weights(fw: Firmware, program: Program, base: int) -> None:
         drop_resident(data)
 
 
-def stream_weights(fw: Firmware, program: Program, buffer: DeviceBuffer,
+def stream_weights(fw: Firmware, program: Program,
+                   placed: Sequence[tuple[int, np.ndarray, int]], buffer: DeviceBuffer,
                    after: simpy.Event | None = None) -> tuple[dict[int, simpy.Event],
                                                               simpy.Event | None]:
-    """Start uploading every weight of ``program`` to ``buffer`` at its offset, without
-    waiting: one asynchronous DMA per weight (chunked by the device at ``dma_chunk_bytes``), in
-    the order the program's launches first read them, each queued behind the previous (and the
-    first behind ``after``), so the channels carry one weight at a time and a run's own DMAs
-    are not stuck behind all of them. Returns each weight tensor's arrival event and the last
-    upload's. A kernel given those events as dependencies starts as soon as its weights are in
-    HBM (weight streaming)."""
+    """Start uploading each ``(offset, host bytes, tensor)`` of ``placed`` (a non-empty weight
+    of ``program``, its bytes going to ``buffer`` at ``offset``), without waiting: one
+    asynchronous DMA per weight (chunked by the device at ``dma_chunk_bytes``), in the order
+    the program's launches first read them, each queued behind the previous (and the first
+    behind ``after``), so the channels carry one weight at a time and a run's own DMAs are not
+    stuck behind all of them. Returns each weight tensor's arrival event and the last upload's.
+    A kernel given those events as dependencies starts as soon as its weights are in HBM
+    (weight streaming). The ranges of ``placed`` do not overlap (the loader refuses weights
+    that overlap other than exactly, and the weight store passes one tensor per range), so a
+    DMA-aligned weight is one transfer of its own bytes; one at an unaligned offset goes with
+    its staging window (see :func:`upload_weights`), which may hold a weight before it."""
+    launches = program.launches
     first_use: dict[int, int] = {}
-    for k, launch in enumerate(program.launches):
+    for k, launch in enumerate(launches):
         for t in launch.inputs:
             if t not in first_use:
                 first_use[t] = k
-    spans: dict[int, tuple[int, np.ndarray]] = {}
-    readers: dict[int, list[int]] = {}  # offset -> weight tensors there
-    tensors = program.tensors
-    for i, data in program.weights.items():
-        host = host_bytes(data)
-        if host.size:
-            offset = tensors[i].offset
-            if offset in readers:
-                readers[offset].append(i)
-            else:
-                spans[offset] = (offset + host.size, host)
-                readers[offset] = [i]
-    order = sorted(spans)
-    late = len(program.launches)
-    runs: list[tuple[int, int, np.ndarray, list[int]]] = []  # (rank, HBM offset, host, weights)
-    for start, host in _upload_runs(spans, order, {}):  # no owners: each weight its own transfer
-        # the weight offsets the run covers (``order`` is sorted: a slice, not a scan)
-        covered = order[bisect_left(order, start):bisect_left(order, start + host.size)]
-        weights = [i for o in covered for i in readers[o]]
-        runs.append((min((first_use.get(i, late) for i in weights), default=late), start, host,
-                     weights))
+    late = len(launches)
+    placed = sorted(placed, key=itemgetter(0))
+    runs: list[tuple[int, int, np.ndarray, tuple[int, ...]]] = []  # (rank, start, host, tensors)
+    spans: dict[int, tuple[int, np.ndarray]] = {}  # for staging windows: offset -> (end, host)
+    order: list[int] = []
+    for k, (offset, host, tensor) in enumerate(placed):
+        if not offset % DMA_ALIGNMENT:
+            runs.append((first_use.get(tensor, late), offset, host, (tensor,)))
+            continue
+        if not spans:
+            order = [o for o, _, _ in placed]
+            spans = {o: (o + h.size, h) for o, h, _ in placed}
+        start = offset - offset % DMA_ALIGNMENT
+        covered = [t for _, _, t in placed[bisect_left(order, start):k + 1]]
+        runs.append((min(first_use.get(t, late) for t in covered), start,
+                     _staging(spans, order, k, start), tuple(covered)))
     runs.sort(key=itemgetter(0))  # stable: runs first read together keep their HBM order
     arrivals = fw.device.memcpy_h2d_chain(buffer, [(host, start) for _, start, host, _ in runs],
                                           after=after, share=True)
     events: dict[int, simpy.Event] = {}
-    for (_, _, _, weights), arrived in zip(runs, arrivals, strict=True):
-        events.update(dict.fromkeys(weights, arrived))
-        views = [program.weights[i] for i in weights]
-        arrived.callbacks.append(lambda _event, views=views: [drop_resident(v) for v in views])
+    for (_, _, _, tensors), arrived in zip(runs, arrivals, strict=True):
+        for t in tensors:
+            events[t] = arrived
+    drop = _DropLanded(program.weights, [tensors for *_, tensors in runs])
+    for arrived in arrivals:
+        arrived.callbacks.append(drop)
     return events, arrivals[-1] if arrivals else after
+
+
+class _DropLanded:
+    """The callback on every arrival of a chain of weight uploads: once a transfer has landed,
+    :func:`drop_resident` the host pages of the weights it carried. One object for the chain:
+    its arrivals are processed in order, each after the previous one."""
+
+    __slots__ = ("_weights", "_runs", "_landed")
+
+    def __init__(self, weights: Mapping[int, bytes], runs: list[tuple[int, ...]]) -> None:
+        self._weights = weights
+        self._runs = runs
+        self._landed = 0
+
+    def __call__(self, _arrival: simpy.Event) -> None:
+        tensors = self._runs[self._landed]
+        self._landed += 1
+        for t in tensors:
+            drop_resident(self._weights[t])
 
 
 def drop_resident(data: bytes | bytearray | memoryview) -> None:

@@ -67,7 +67,7 @@ class _Block:
     """False for memory the caller provided (``pinned``): used, never freed here."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Resident:
     """One distinct weight content in HBM."""
 
@@ -79,6 +79,8 @@ class _Resident:
     digest: bytes | None = None
     ready: simpy.Event | None = None
     """The arrival of its upload when it was streamed (None: uploaded before placing ended)."""
+    host_address: int | None = None
+    """The address of ``host``, once known (worked out when the store first looks it up)."""
 
     def sha256(self) -> bytes:
         if self.digest is None:
@@ -101,6 +103,17 @@ class Placement:
     """Weight tensor -> the arrival of its streamed upload, while it may still be in flight."""
 
 
+def _staged(program: Program, by_offset: dict[Key, list[int]], missing: list[Key],
+            layout: dict[Key, int]) -> Program:
+    """``program`` with only the ``missing`` weights (one tensor each), at their ``layout``
+    offsets: what :func:`~.upload.upload_weights` moves into a new block."""
+    moved = {i: dataclasses.replace(program.tensors[i], offset=layout[k])
+             for k in missing for i in by_offset[k] if layout[k] != k[0]}
+    return dataclasses.replace(
+        program, tensors=tuple(moved.get(i, t) for i, t in enumerate(program.tensors)),
+        weights={by_offset[k][0]: program.weights[by_offset[k][0]] for k in missing})
+
+
 class WeightStore:
     """The device's resident weights (see the module docstring)."""
 
@@ -110,6 +123,8 @@ class WeightStore:
         self._firmware = weakref.ref(firmware)
         self._by_host: dict[tuple[int, int], _Resident] = {}
         self._by_size: dict[int, list[_Resident]] = {}
+        # Residents placed since the indexes above were last read, in order (see _index).
+        self._unindexed: list[_Resident] = []
         self.shared_bytes = 0
         self._tail: simpy.Event | None = None  # the last streamed upload: the next queues behind
 
@@ -155,28 +170,34 @@ class WeightStore:
         # Empty weights need no memory: kernels never read them.
         by_offset: dict[Key, list[int]] = {}
         empty: list[int] = []
+        hosts: dict[Key, np.ndarray] = {}  # the host bytes of each range, once
+        tensors, data = program.tensors, program.weights
         for i in weights:
-            size = len(memoryview(program.weights[i]).cast("B"))
-            if size:
-                by_offset.setdefault((program.tensors[i].offset, size), []).append(i)
-            else:
+            host = host_bytes(data[i])
+            if not host.size:
                 empty.append(i)
+                continue
+            key = (tensors[i].offset, host.size)
+            indices = by_offset.get(key)
+            if indices is None:
+                by_offset[key] = [i]
+                hosts[key] = host
+            else:
+                indices.append(i)
         found: dict[Key, _Resident] = {}
         missing: list[Key] = []
         user: dict[Key, tuple[DeviceBuffer, int]] = {}
-        hosts: dict[Key, tuple[np.ndarray, int]] = {}  # host bytes and their address, once
         for key, indices in by_offset.items():
-            host = host_bytes(program.weights[indices[0]])
-            hosts[key] = host, host_address(host)
+            host = hosts[key]
             where = next((pinned[i] for i in indices if i in pinned), None) if pinned else None
             if where is not None:
-                hit = self._by_host.get((hosts[key][1], host.size))
+                hit = self._at_host(host)
                 if hit is not None and hit.address == where[0].address + where[1]:
                     found[key] = hit
                 else:
                     user[key] = where
                 continue
-            hit = self._find(*hosts[key])
+            hit = self._find(host)
             if hit is None:
                 missing.append(key)
             else:
@@ -187,7 +208,7 @@ class WeightStore:
             if missing:
                 self._upload(program, by_offset, missing, found, placement, stream, hosts)
             for key, (buffer, offset) in user.items():
-                found[key] = self._upload_pinned(*hosts[key], buffer, offset, stream)
+                found[key] = self._upload_pinned(hosts[key], buffer, offset, stream)
         except BaseException:
             self._undo([r for k, r in found.items() if k not in before])
             raise
@@ -204,8 +225,15 @@ class WeightStore:
                 self.shared_bytes += resident.nbytes
         return placement
 
-    def _find(self, host: np.ndarray, address: int) -> _Resident | None:
-        hit = self._by_host.get((address, host.size))
+    def _at_host(self, host: np.ndarray) -> _Resident | None:
+        """The resident known by ``host``'s memory (address and size), if any."""
+        self._index()
+        if not self._by_host:  # nothing to find: the address need not be worked out
+            return None
+        return self._by_host.get((host_address(host), host.size))
+
+    def _find(self, host: np.ndarray) -> _Resident | None:
+        hit = self._at_host(host)
         if hit is not None:
             return hit
         candidates = self._by_size.get(host.size, ())
@@ -216,7 +244,7 @@ class WeightStore:
 
     def _upload(self, program: Program, by_offset: dict[Key, list[int]], missing: list[Key],
                 found: dict[Key, _Resident], placement: Placement, stream: bool,
-                hosts: dict[Key, tuple[np.ndarray, int]]) -> None:
+                hosts: dict[Key, np.ndarray]) -> None:
         """One block for the missing weights: the program's own layout when nothing of it is
         resident (one coalesced upload, as before), else the missing ones packed."""
         device = self.firmware.device
@@ -232,30 +260,28 @@ class WeightStore:
                 size += key[1]
         block = _Block(device.malloc(size))
         try:
-            moved = {i: dataclasses.replace(program.tensors[i], offset=layout[k])
-                     for k in missing for i in by_offset[k] if layout[k] != k[0]}
-            staged = dataclasses.replace(
-                program, tensors=tuple(moved.get(i, t) for i, t in enumerate(program.tensors)),
-                weights={by_offset[k][0]: program.weights[by_offset[k][0]] for k in missing})
             if stream:
-                events, self._tail = stream_weights(self.firmware, staged, block.buffer,
-                                                    self._tail)
+                events, self._tail = stream_weights(
+                    self.firmware, program,
+                    [(layout[k], hosts[k], by_offset[k][0]) for k in missing],
+                    block.buffer, self._tail)
             else:
                 events = {}
-                upload_weights(self.firmware, staged, block.buffer.address)
+                upload_weights(self.firmware, _staged(program, by_offset, missing, layout),
+                               block.buffer.address)
         except BaseException:
             device.free(block.buffer)
             raise
         if whole:
             placement.region = block.buffer
         for key in missing:
-            host, address = hosts[key]
+            host = hosts[key]
             resident = _Resident(block.buffer.address + layout[key], host.size, host, block,
                                  ready=events.get(by_offset[key][0]))
             found[key] = resident
-            self._remember(resident, address)
+            self._unindexed.append(resident)
 
-    def _upload_pinned(self, host: np.ndarray, address: int, buffer: DeviceBuffer, offset: int,
+    def _upload_pinned(self, host: np.ndarray, buffer: DeviceBuffer, offset: int,
                        stream: bool) -> _Resident:
         """One weight into caller-provided memory, streamed or waited for."""
         ready = self.firmware.device.memcpy_h2d_async(
@@ -267,13 +293,24 @@ class WeightStore:
             self.settle([ready])
         resident = _Resident(buffer.address + offset, host.size, host,
                              _Block(buffer, owned=False), ready=ready if stream else None)
-        self._remember(resident, address)
+        self._unindexed.append(resident)
         return resident
 
-    def _remember(self, resident: _Resident, address: int) -> None:
-        """Know ``resident`` by its host bytes' ``address`` and size, and by its size."""
-        self._by_host[(address, resident.nbytes)] = resident
-        self._by_size.setdefault(resident.nbytes, []).append(resident)
+    def _index(self) -> None:
+        """Know every resident placed since the last call by its host bytes' address and size,
+        and by its size, in the order they were placed. Done before the indexes are read or
+        changed, so they are at every moment what indexing each resident when it was placed
+        gave. So host addresses are worked out when first needed (a later placement's lookup,
+        a release, stats), once each, not while a program loads: placing into an empty store
+        looks nothing up."""
+        if not self._unindexed:
+            return
+        for resident in self._unindexed:
+            if resident.host_address is None:
+                resident.host_address = host_address(resident.host)
+            self._by_host[(resident.host_address, resident.nbytes)] = resident
+            self._by_size.setdefault(resident.nbytes, []).append(resident)
+        self._unindexed.clear()
 
     def _undo(self, created: list[_Resident]) -> None:
         """Forget residents a failed placement created (nobody uses them yet)."""
@@ -312,7 +349,8 @@ class WeightStore:
         placement.ready.clear()
 
     def _forget(self, resident: _Resident) -> None:
-        key = (host_address(resident.host), resident.nbytes)
+        self._index()
+        key = (resident.host_address, resident.nbytes)
         if self._by_host.get(key) is resident:
             del self._by_host[key]
         same = self._by_size.get(resident.nbytes, [])
@@ -326,6 +364,7 @@ class WeightStore:
     def stats(self) -> dict[str, int]:
         """``hbm.weights.bytes`` (resident, each content once), ``hbm.weights.references`` and
         ``hbm.weights.shared_bytes`` (not uploaded again because resident)."""
+        self._index()
         residents = {id(r): r for r in self._by_host.values()}
         for same in self._by_size.values():
             residents.update((id(r), r) for r in same)

@@ -34,6 +34,9 @@ from .trace.recorder import TraceRecorder
 
 __all__ = ["DMA_ALIGNMENT", "HOST_IOVA_BASE", "Device", "DeviceBuffer"]
 
+_BYTES = np.dtype(np.uint8)
+
+
 class Device:
     """A simulated NPU: config, clock, HBM, DMA engines, compute cores and a trace.
 
@@ -119,22 +122,39 @@ class Device:
             return []
         self._check_range(dst, 0, 0, "dst")
         deps = self._events(() if after is None else (after,))
+        last = deps[0] if deps else None
         arrivals: list[simpy.Event] = []
-        host_map, dma, base = self.host_map, self.dma, dst.address
-        for host_array, offset in copies:
-            array = self._host_array(host_array, writable=False)
-            if type(offset) is not int or not 0 <= offset <= dst.nbytes - array.nbytes:
-                offset = self._check_range(dst, offset, array.nbytes, "dst")  # the full check
-            if array.nbytes == 0 or (base + offset) % DMA_ALIGNMENT:  # the general path's case
-                done = self._copy_host(array, base + offset, to_device=True, deps=deps,
-                                       share=share)
-            else:
-                iova = host_map.map(array, share=share)
-                root, shared = host_map.mapping(iova)
-                done = dma.upload(root, iova, base + offset, shared=shared, deps=deps)
-                done.callbacks.append(lambda _, iova=iova: host_map.unmap(iova))
-            deps = [done]
-            arrivals.append(done)
+        # Aligned, non-empty copies are DMA uploads started one after another by the engine
+        # (DmaEngine.upload_chain); the others take the general path, each behind the last.
+        pending: list[tuple[np.ndarray, int, int, bool]] = []
+        host_map, base = self.host_map, dst.address
+        try:
+            for host_array, offset in copies:
+                array = self._host_array(host_array, writable=False)
+                if type(offset) is not int or not 0 <= offset <= dst.nbytes - array.nbytes:
+                    offset = self._check_range(dst, offset, array.nbytes, "dst")  # full check
+                if array.nbytes and not (base + offset) % DMA_ALIGNMENT:
+                    iova = host_map.map(array, share=share)
+                    root, shared = host_map.mapping(iova)
+                    pending.append((root, iova, base + offset, shared))
+                    continue
+                if pending:
+                    arrivals += self._chain(pending, last)
+                    last = arrivals[-1]
+                last = self._copy_host(array, base + offset, to_device=True,
+                                       deps=[] if last is None else [last], share=share)
+                arrivals.append(last)
+        finally:  # the copies before a faulting one are queued, as per-copy calls were
+            if pending:
+                arrivals += self._chain(pending, last)
+        return arrivals
+
+    def _chain(self, pending: list[tuple[np.ndarray, int, int, bool]],
+               after: simpy.Event | None) -> list[simpy.Event]:
+        """Start ``pending`` uploads one after another, the first behind ``after``
+        (:meth:`DmaEngine.upload_chain`), and clear it."""
+        arrivals = self.dma.upload_chain(list(pending), after)
+        pending.clear()
         return arrivals
 
     def memcpy_d2h_async(self, host_array: np.ndarray, src: DeviceBuffer, src_offset: int = 0,
@@ -192,6 +212,9 @@ class Device:
         return events
 
     def _host_array(self, array: Any, *, writable: bool) -> np.ndarray:
+        if type(array) is np.ndarray and array.dtype is _BYTES and array.flags.c_contiguous \
+                and not writable:  # host bytes to upload (weights): nothing else to check
+            return array
         if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
             raise DmaFault("npu.dma", f"host array must be a C-contiguous numpy array, got "
                                       f"{type(array).__name__}")

@@ -42,6 +42,7 @@ import simpy
 
 from .config import DeviceConfig
 from .cost.energy import femtojoules
+from .dma_chain import UploadChain
 from .errors import DmaFault
 from .hbm import Hbm
 from .pieces import immutable
@@ -54,6 +55,7 @@ DMA_ALIGNMENT = 4
 """Device-side DMA addresses must be multiples of this many bytes."""
 
 _IOVA_PAGE = 4096
+_BYTES = np.dtype(np.uint8)
 
 DMA_ENERGY = ("dma", "host_link", "hbm")
 """Energy components of a DMA chunk (see the module docstring)."""
@@ -97,7 +99,8 @@ class HostMap:
         iova = self._next
         pages = -(-max(array.nbytes, 1) // _IOVA_PAGE) + 1  # +1: guard page
         self._next += pages * _IOVA_PAGE
-        self._arrays[iova] = array.reshape(-1).view(np.uint8)
+        self._arrays[iova] = array if array.dtype is _BYTES and array.ndim == 1 \
+            else array.reshape(-1).view(np.uint8)  # flat bytes (already, for weights)
         self._starts.append(iova)  # addresses only grow: the list stays sorted
         if share and immutable(array):
             self._shared.add(iova)
@@ -203,21 +206,22 @@ class DmaEngine:
                                        "addresses; one side must be HBM")
         return self._start(self._mover(src, dst, nbytes, name), src, dst, nbytes, name, deps)
 
-    def upload(self, root: np.ndarray, src: int, dst: int, *, shared: bool,
-               deps: Sequence[simpy.Event] = ()) -> simpy.Event:
-        """Copy all of ``root``, the whole host mapping at ``src`` (``shared``: made with
-        ``share=True`` over immutable bytes), to HBM at ``dst``, which the caller has checked
-        lies in one live allocation and is DMA-aligned: :meth:`transfer` without checking again
-        what the caller just established (the firmware's weight uploads, one per weight). The
-        transfer, its chunks, cycles and trace records are :meth:`transfer`'s."""
-        hbm = self.hbm
-        if shared:
-            def move(off: int, n: int) -> None:
-                hbm.share(dst + off, root, off, n)
-        else:
-            def move(off: int, n: int) -> None:
-                hbm.store(dst + off, root[off:off + n])
-        return self._start(move, src, dst, root.size, "", deps)
+    def upload_chain(self, uploads: Sequence[tuple[np.ndarray, int, int, bool]],
+                     after: simpy.Event | None = None) -> list[simpy.Event]:
+        """Copy each ``(root, src, dst, shared)`` of ``uploads``: all of ``root``, the whole host
+        mapping at ``src`` (``shared``: made with ``share=True`` over immutable bytes), to HBM at
+        ``dst``, which the caller has checked lies in one live allocation and is DMA-aligned,
+        each transfer starting once the previous one has arrived (the first once ``after`` has);
+        their arrival events. Each mapping is removed when its transfer arrives or fails (the
+        chain owns them). The firmware streams a program's weights so, one transfer per weight.
+
+        The transfers, their numbers, chunks, cycles, trace records and faults are those of
+        :meth:`transfer` once per upload with the previous arrival as its dependency, without
+        checking again what the caller just established, and without a simpy process per
+        transfer (:class:`~npu_sim.dma_chain.UploadChain`)."""
+        if not uploads:
+            return []
+        return UploadChain(self, uploads, after).arrivals
 
     def _start(self, move: Callable[[int, int], None], src: int, dst: int, nbytes: int,
                name: str, deps: Sequence[simpy.Event]) -> simpy.Event:
@@ -229,6 +233,35 @@ class DmaEngine:
         work = {"direction": direction, "src": src, "dst": dst, "transfer": self._transfer_no,
                 "transfer_bytes": nbytes}
         return self.env.process(self._run(move, pieces, name, work, tuple(deps), self.env.now))
+
+    def _issue_uploads(self, uploads: Sequence[tuple[np.ndarray, int, int, bool]]) -> list[
+            tuple[np.ndarray, int, int, bool, list[tuple[int, int]], str, dict[str, Any]]]:
+        """Number each host-to-device upload ``(root, src, dst, shared)`` as a new transfer, in
+        turn, and describe it as :meth:`_start` does: each with its chunks, its name and its
+        records' ``work`` (one loop for a chain, which has one upload per weight)."""
+        first = self._transfer_no
+        chunk, config = self.config.dma_chunk_bytes, self.config
+        issued = [(root, src, dst, shared,
+                   [(0, root.size)] if 0 < root.size <= chunk else chunk_plan(config, root.size),
+                   f"h2d#{no}", {"direction": "h2d", "src": src, "dst": dst, "transfer": no,
+                                 "transfer_bytes": root.size})
+                  for no, (root, src, dst, shared) in enumerate(uploads, first + 1)]
+        self._transfer_no = first + len(issued)
+        self._stats["dma.transfers"] += len(issued)
+        return issued
+
+    def _uploader(self, root: np.ndarray, dst: int,
+                  shared: bool) -> Callable[[int, int], None]:
+        """The function moving bytes ``[off, off + n)`` of ``root`` to HBM at ``dst + off``
+        (referred to when ``shared``, else copied)."""
+        hbm = self.hbm
+        if shared:
+            def move(off: int, n: int) -> None:
+                hbm.share(dst + off, root, off, n)
+        else:
+            def move(off: int, n: int) -> None:
+                hbm.store(dst + off, root[off:off + n])
+        return move
 
     @property
     def transfers(self) -> int:
@@ -317,6 +350,8 @@ class DmaEngine:
 def chunk_plan(config: DeviceConfig, nbytes: int) -> list[tuple[int, int]]:
     """``(offset, bytes)`` of each chunk a transfer of ``nbytes`` is split into."""
     chunk = config.dma_chunk_bytes
+    if 0 < nbytes <= chunk:  # most transfers: one chunk
+        return [(0, nbytes)]
     return [(off, min(chunk, nbytes - off)) for off in range(0, nbytes, chunk)]
 
 

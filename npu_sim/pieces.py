@@ -44,8 +44,7 @@ def immutable(array: np.ndarray) -> bool:
         return True
     if isinstance(base, mmap.mmap):
         try:
-            with memoryview(base) as whole:
-                return whole.readonly
+            return memoryview(base).readonly  # the temporary view is released at once
         except ValueError:  # closed
             return False
     return False

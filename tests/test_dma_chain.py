@@ -15,6 +15,9 @@ import re
 
 import numpy as np
 import pytest
+import simpy
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from npu_sim import Device, DeviceConfig
 from npu_sim.config import MiB
@@ -171,3 +174,90 @@ def test_asking_for_a_mapping_that_does_not_start_there_is_a_dma_fault():
     dev.unmap_host(iova)
     with pytest.raises(DmaFault, match=r"no mapping starts there \(0 mapped\)"):
         dev.host_map.mapping(iova)
+
+
+def contended(start, sizes, channels, chunk, waiters, free_at, late_after):
+    """Everything observable, in the order it happened, when two chains and a run's own
+    transfers race: a waiter on an arrival issues a transfer the moment it is processed (so
+    the next upload and that transfer ask for a channel at the same cycle), a second chain
+    waits behind the first, a third starts after the clock ran (behind a processed event or
+    none), and the first chain's buffer may be freed while its uploads are in flight."""
+    config = SMALL.replace(dma_channels=channels, dma_chunk_bytes=chunk)
+    dev = Device(config)
+    env = dev.env
+    buf, spare = dev.malloc(256 * 1024), dev.malloc(256 * 1024)
+    rng = np.random.default_rng(len(sizes))
+    mapping = mmap.mmap(-1, sum(sizes) + 64)
+    mapping.write(rng.bytes(len(mapping)))
+    whole = np.frombuffer(memoryview(mapping).toreadonly(), np.uint8)
+    log: list[tuple] = []
+    offsets = np.cumsum([0] + [-(-n // 64) * 64 for n in sizes])
+    hosts = [whole[o:o + n] for o, n in zip(offsets, sizes, strict=False)]
+    first = start(dev, buf, list(zip(hosts, offsets.tolist(), strict=False)), share=True)
+    second = start(dev, spare, [(np.full(n, k, np.uint8), 4 * k) for k, n in enumerate(sizes)],
+                   after=first[-1])
+    for name, arrivals in (("first", first), ("second", second)):
+        for k, arrival in enumerate(arrivals):
+            arrival.callbacks.append(lambda e, name=name, k=k: log.append(
+                ("landed", name, k, env.now, e.ok, len(dev.trace.records))))
+
+    def waiter(k, hops, condition):
+        """Wait for upload ``k`` (as a kernel does, through an AllOf, or directly), then for
+        ``hops`` more events at the same cycle, and issue a transfer: some land on the cycle
+        and event turn at which the chain starts its next upload."""
+        try:
+            yield simpy.AllOf(env, [first[k]]) if condition else first[k]
+        except DmaFault as fault:
+            log.append(("waiter failed", k, env.now, fault.args))
+            return
+        for _ in range(hops):
+            yield env.timeout(0)
+        log.append(("waiter", k, env.now, len(dev.trace.records)))
+        if k % 2:  # a run's own transfers, issued as the upload's successor starts
+            dev.memcpy_h2d_async(spare, np.full(3000, k, np.uint8), 128 * 1024)
+        else:
+            dev.memcpy_d2d_async(spare, spare, 2048, 200 * 1024, 0)
+
+    for k, hops, condition in waiters:
+        env.process(waiter(k % len(first), hops, condition))
+    if free_at is not None:
+        env.run(until=free_at)
+        dev.free(buf)
+    failures: list[tuple] = []
+
+    def drain() -> None:  # a failed transfer nobody waited for raises; the clock goes on
+        while True:
+            try:
+                dev.synchronize()
+                return
+            except DmaFault as fault:
+                failures.append((env.now, fault.args))
+
+    drain()
+    late = start(dev, spare, [(np.ones(5000, np.uint8), 0), (np.ones(64, np.uint8), 8192)],
+                 after=second[-1] if late_after else None)
+    drain()
+    records = [(r.id, r.kind, r.engine, r.scope, r.name, r.start, r.end, r.deps, r.work,
+                r.submit, r.ready) for r in dev.trace.records]
+    return (log, failures, [(e.triggered, e.ok if e.triggered else None) for e in first + late],
+            records, dev.stats(), dev.now, bytes(dev.hbm.read(spare.address, spare.nbytes)),
+            len(dev.host_map._arrays))
+
+
+@settings(max_examples=150, deadline=None)
+# a run's transfer asking for the one channel on the turn the second chain starts
+@example(sizes=[1], channels=1, chunk=4096, waiters=[(0, 0, False)], free_at=None,
+         late_after=False)
+@example(sizes=[5000, 9000, 64], channels=1, chunk=4096,  # and with a failure cascading
+         waiters=[(0, 0, False), (1, 1, True), (2, 2, False)], free_at=1500, late_after=True)
+@given(sizes=st.lists(st.integers(1, 20_000), min_size=1, max_size=6),
+       channels=st.integers(1, 3), chunk=st.sampled_from([4096, 8192]),
+       waiters=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3), st.booleans()),
+                        max_size=6),
+       free_at=st.one_of(st.none(), st.integers(1, 3000)), late_after=st.booleans())
+def test_contending_chains_take_the_per_copy_turns(sizes, channels, chunk, waiters, free_at,
+                                                   late_after):
+    """The chain drives its transfers without a simpy process each; the simulator must still
+    process every event in the per-copy order, which same-cycle contention makes visible."""
+    args = (sizes, channels, chunk, waiters, free_at, late_after)
+    assert contended(chained, *args) == contended(per_copy, *args)

@@ -112,6 +112,43 @@ def test_upload_writes_every_weight_and_moves_each_range_once(stream, layout, as
     loaded.unload()
 
 
+@settings(max_examples=40)
+@given(weight_layouts(packed=True))
+def test_streamed_weights_give_up_their_host_pages_once_each_as_they_land(layout):
+    """Streaming drops each uploaded weight's host pages (``drop_resident``) when an upload
+    carrying its bytes has landed (its own; an unaligned weight's staging window also carries
+    the bytes below it), never before: at the end of that upload's last chunk."""
+    from firmware_model import upload
+
+    program = program_of(layout, as_views=True)
+    if reference_overlaps(program):
+        return
+    dev = Device("npu-s")
+    dropped: list[tuple[int, int]] = []  # (id of the weight's bytes, cycle)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(upload, "drop_resident", lambda data: dropped.append((id(data), dev.now)))
+        loaded = Firmware(dev).load(program, stream=True)
+        assert dropped == []  # nothing has landed yet
+        dev.synchronize()
+    transfers: dict[int, tuple[int, int, int]] = {}  # number -> (HBM start, end, landed)
+    for r in dev.trace.records:
+        start, end = r.work["dst"], r.work["dst"] + r.work["transfer_bytes"]
+        landed = max(transfers.get(r.work["transfer"], (0, 0, 0))[2], r.end)
+        transfers[r.work["transfer"]] = (start, end, landed)
+    uploaded: dict[tuple[int, int], int] = {}  # the first tensor of each range is uploaded
+    for i, t in enumerate(program.tensors):
+        if len(program.weights[i]):
+            uploaded.setdefault((t.offset, len(program.weights[i])), i)
+    expected = []
+    for i in uploaded.values():
+        address = loaded.placement.addresses[i]
+        expected += [(id(program.weights[i]), landed) for start, end, landed in transfers.values()
+                     if start <= address and address + len(program.weights[i]) <= end]
+    assert sorted(dropped) == sorted(expected)
+    assert {d for d, _ in dropped} == {id(program.weights[i]) for i in uploaded.values()}
+    loaded.unload()
+
+
 def test_weights_in_one_buffer_are_uploaded_from_views_without_copies():
     blob = np.arange(64, dtype=np.float32)
     view = memoryview(blob.tobytes()).toreadonly()
