@@ -237,6 +237,13 @@ def _pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="npu_sim-crc")
 
 
+if hasattr(os, "register_at_fork"):
+    # A forked child has none of the parent's threads: the parent's pool would queue its checks
+    # for a thread that never comes (each load then checked inline by the waiter, and the queued
+    # items kept views of every binary opened there). The child starts a thread of its own.
+    os.register_at_fork(after_in_child=_pool.cache_clear)
+
+
 @dataclass(frozen=True)
 class _Block:
     """One checksummed block of the weights section: file range ``[start, end)``."""

@@ -8,6 +8,8 @@ program's WEIGHTS region, so the loader moves them as one DMA.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import struct
 import threading
 import zlib
@@ -145,6 +147,24 @@ def test_a_deferred_check_reports_a_bad_block_when_waited_for():
     good = ContextBinary.from_bytes(data, defer_weights=True)
     good.verify_weights()
     assert good.program("g").weights[0] == LARGE.weights[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_checks_weights_on_a_thread_of_its_own():
+    """The parent's checksum thread does not exist in a forked child: a deferred check there
+    runs on a thread the child starts, and nothing is left queued holding views of a binary."""
+    data = packed(LARGE)
+    ContextBinary.from_bytes(data, defer_weights=True).verify_weights()  # the parent's thread
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply(_deferred_check_in_child, (data,)) == (0, True)
+
+
+def _deferred_check_in_child(data: bytes) -> tuple[int, bool]:
+    binary = ContextBinary.from_bytes(data, defer_weights=True)
+    binary.verify_weights()
+    binary.close()
+    checks = binary_reader._pool()
+    return checks._work_queue.qsize(), any(t.is_alive() for t in checks._threads)
 
 
 def test_block_table_covers_the_weights_section():
