@@ -18,7 +18,9 @@ Nodes left to the CPU provider stay as they are. The split of work follows ONNX 
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,6 +239,10 @@ def context_folder(context: ProviderContext) -> Path:
                      "model's path so the binary can be found.")
 
 
+_MISSING = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
+"""The errors ``Path.exists`` reads as "no such file"."""
+
+
 def resolve_context_file(relative: bytes | str, folder: Path, *, node: str) -> Path:
     """The context binary ``relative`` (an ``ep_cache_context`` path) inside ``folder``.
 
@@ -256,14 +262,18 @@ def resolve_context_file(relative: bytes | str, folder: Path, *, node: str) -> P
     try:
         root = folder.resolve()
         target = (root / text).resolve()
-        if target != root and root not in target.parents:
+        if not target.is_relative_to(root):
             raise load_error(f"{where} {text!r} resolves to {str(target)!r}, outside the model "
                              f"folder {str(root)!r}")
-        if not target.exists():
-            raise load_error(f"{where}: context binary {str(target)!r} does not exist")
-        if not target.is_file():
+        try:
+            found = os.stat(target)  # one call where exists(), is_file() and stat() made three
+        except OSError as exc:
+            if exc.errno not in _MISSING:
+                raise
+            raise load_error(f"{where}: context binary {str(target)!r} does not exist") from None
+        if not stat.S_ISREG(found.st_mode):
             raise load_error(f"{where}: {str(target)!r} is not a file")
-        if target.stat().st_size == 0:
+        if found.st_size == 0:
             raise load_error(f"{where}: context binary {str(target)!r} is empty")
     except (OSError, RuntimeError, ValueError) as exc:  # too long, symlink loop, ...
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
