@@ -59,7 +59,8 @@ def _misshapen_pools(graph: GraphView) -> dict[int, str]:
                 CEIL_DISAGREES in why):
             pools[i] = f"{node.op_type} {graph.names[i]!r}, for which {why}"
     found = {}
-    for i in range(len(graph.nodes) if pools else 0):  # nodes are in topological order
+    first = min(pools, default=len(graph.nodes))  # topological order: none before reads one
+    for i in range(first, len(graph.nodes)):
         if i in pools:
             found[i] = pools[i]
             continue

@@ -77,7 +77,7 @@ def test_types_from_inference_with_symbolic_and_overridden_dims():
         GraphView.from_model(model, dim_overrides={"batch": -1})
 
 
-def test_types_through_a_model_function_and_declared_ones_of_contrib_nodes():
+def test_types_through_a_model_function_and_declared_ones_of_contrib_nodes(monkeypatch):
     # A node of a model-local function is inferred through the function's body; a node ONNX
     # has no schema for (an EPContext node) keeps the types its model declares.
     body = [helper.make_node("Relu", ["a"], ["b"]), helper.make_node("Flatten", ["b"], ["c"])]
@@ -88,6 +88,12 @@ def test_types_through_a_model_function_and_declared_ones_of_contrib_nodes():
     model = helper.make_model(graph, functions=[fn], ir_version=8, opset_imports=[
         helper.make_opsetid("", 17), helper.make_opsetid("my", 1)])
     assert GraphView.from_model(model).tensor_type("y") == ("float32", (2, 12))
+    inferred = []  # from here on: which models ONNX's inference is asked about
+    real = onnx.shape_inference.infer_shapes
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes",
+                        lambda m, **kw: inferred.append(m) or real(m, **kw))
+    GraphView.from_model(model)
+    assert len(inferred) == 1  # the function's body is inferable
     contrib = helper.make_graph(
         [helper.make_node("EPContext", ["x"], ["y"], domain="com.microsoft", embed_mode=1,
                           ep_cache_context="")], "g", [_vi("x", [2, 3])], [_vi("y", [6])],
@@ -96,6 +102,7 @@ def test_types_through_a_model_function_and_declared_ones_of_contrib_nodes():
         helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]))
     assert view.tensor_type("y") == ("float32", (6,))
     assert view.tensor_type("x") == ("float32", (2, 3))
+    assert len(inferred) == 1  # nothing to infer in the contrib node: ONNX was not asked
 
 
 def test_unknown_rank_is_none_and_non_device_dtype_is_none():

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import threading
 from types import SimpleNamespace
 
 import pytest
 
+from ep.npusim.compiler import tiling
 from ep.npusim.compiler.tiling import PlanCache, plan_launch
 from npu_sim import kernels
 from npu_sim.config import DeviceConfig
@@ -94,10 +97,40 @@ def test_threads_sharing_a_cache_get_the_same_plans():
 
 def test_a_planner_shares_plans_between_equal_configs():
     cache = PlanCache(8)
-    first = cache.planner(DeviceConfig.preset("npu-m"))(*CONV)
-    again = cache.planner(DeviceConfig.preset("npu-m"))  # an equal config, another instance
+    twin = DeviceConfig(**NPU_M.to_dict())  # an equal config, another instance
+    assert twin == NPU_M and twin is not NPU_M
+    first = cache.planner(NPU_M)(*CONV)
+    again = cache.planner(twin)
+    assert again.args[0] is NPU_M  # keyed by the one instance seen first
     assert again(*CONV) is first and cache.plan(NPU_M, *CONV) is first and len(cache) == 1
     for n in range(1, 80):  # more configs than the planner keeps instances of: still correct
         other = NPU_M.replace(sram_bytes_per_core=NPU_M.sram_bytes_per_core + 64 * n)
         cache.planner(other)
+        assert len(cache._configs) <= tiling._CONFIGS
     assert cache.planner(NPU_M)(*CONV) == first
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_plans_although_a_thread_held_the_lock_at_the_fork():
+    """A thread of the parent holds the shared cache's lock when the process forks: the child
+    (which has no such thread) plans with a lock of its own instead of waiting forever."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with tiling.PLANS._lock:
+            held.set()
+            release.wait()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait()
+    try:
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            assert pool.apply_async(_plan_in_child).get(timeout=60) == _uncached(NPU_M, *CONV)
+    finally:
+        release.set()
+        thread.join()
+
+
+def _plan_in_child():
+    return tiling.PLANS.plan(NPU_M, *CONV)

@@ -44,9 +44,6 @@ class Buffer:
     first: int
     last: int
 
-    def overlaps_in_time(self, other: Buffer) -> bool:
-        return self.first <= other.last and other.first <= self.last
-
 
 @dataclass(frozen=True)
 class ArenaPlan:
@@ -72,7 +69,7 @@ def plan_arena(buffers: Sequence[Buffer], alignment: int) -> ArenaPlan:
     offsets: dict[int, int] = {}
     for buf in order:
         need = sizes[buf.key]
-        first, last = buf.first, buf.last  # other.overlaps_in_time(buf), inlined: O(n^2)
+        first, last = buf.first, buf.last  # the placed buffers alive with buf: O(n^2)
         busy = sorted((off, off + size) for off, size, other in placed
                       if other.first <= last and first <= other.last)
         best, best_waste, cursor = None, None, 0

@@ -27,6 +27,7 @@ session's, are priced once (a depthwise block of a MobileNet repeats a handful o
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -38,8 +39,7 @@ from npu_sim.config import DeviceConfig
 from npu_sim.dtypes import TensorSpec
 
 from ..ops import price
-
-TensorType = tuple[str, tuple[int, ...]]
+from .ir import TensorType
 
 _CONFIGS = 64
 """Distinct configs :meth:`PlanCache.planner` keeps one instance of."""
@@ -89,9 +89,12 @@ class PlanCache:
     """Tile plans by (config, op, operand types, attributes, pricing function), the
     ``capacity`` most recently used; safe to share between threads.
 
-    Attributes are keyed by their ``repr``: ``-0.0`` and ``0.0`` compare equal but may price
-    differently. The key holds the op's kernel cycles function (or None: the cost model's
-    price), so a kernel registered again under the same name is not priced with the old one.
+    Attributes are keyed by their ``repr`` (plain values with sorted keys: exact), which keeps
+    apart values that compare equal, such as ``-0.0`` and ``0.0``, should a kernel's own cycles
+    function tell them apart (the cost model's cache does not). The key holds the op's kernel
+    cycles function (or None: the cost model's price), so a kernel registered again under the
+    same name is not priced with the old one. The rest of the pricing (the cost model's
+    handlers, :data:`SPLIT_GAIN`) is module state, fixed at import.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -138,10 +141,19 @@ class PlanCache:
     def __len__(self) -> int:
         return len(self._plans)
 
+    def reset_lock(self) -> None:
+        """A new lock, for a forked child (the parent's may have been held by a thread)."""
+        self._lock = threading.Lock()
+
 
 PLANS = PlanCache(4096)
 """The compiler's plans (a few hundred bytes each): the bench set's models have 17 (GPT-2) to
 57 (EfficientNet) distinct launches each, so this holds those of many models."""
+
+if hasattr(os, "register_at_fork"):
+    # A thread holding the lock when the process forks never releases it in the child: the
+    # child starts with a lock of its own (the plans stay valid).
+    os.register_at_fork(after_in_child=PLANS.reset_lock)
 
 
 def assign_cores(

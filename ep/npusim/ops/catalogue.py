@@ -33,6 +33,7 @@ The compiler's and capability's tables are views of :func:`entries`.
 from __future__ import annotations
 
 import enum
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -151,7 +152,9 @@ class Op:
 _CATALOGUE: dict[str, OpEntry] = {}
 _EDITS = [0]
 """How many times the catalogue changed (entries are frozen: only :func:`add` and
-:func:`remove` change it); an :class:`OpsWhere` recomputes its members when this moves."""
+:func:`remove` change it, under ``_EDITING``); an :class:`OpsWhere` recomputes its members when
+this moves."""
+_EDITING = threading.Lock()
 
 
 def register(*op_types: str, since: int) -> Callable[[type[Op]], type[Op]]:
@@ -187,8 +190,9 @@ def add(entry: OpEntry) -> OpEntry:
         if not priced(entry.kernel):
             raise CatalogueError(f"{entry.op_type}: kernel {entry.kernel!r} has no price: no "
                                  "cycles function and no npu_sim.cost model")
-    _CATALOGUE[entry.op_type] = entry
-    _EDITS[0] += 1
+    with _EDITING:
+        _CATALOGUE[entry.op_type] = entry
+        _EDITS[0] += 1
     return entry
 
 
@@ -224,8 +228,9 @@ def entry(op_type: str) -> OpEntry:
 
 def remove(op_type: str) -> None:
     """Remove an entry (for tests that register temporary ones)."""
-    _CATALOGUE.pop(op_type, None)
-    _EDITS[0] += 1
+    with _EDITING:
+        _CATALOGUE.pop(op_type, None)
+        _EDITS[0] += 1
 
 
 def entries() -> dict[str, OpEntry]:
@@ -243,21 +248,24 @@ class OpsWhere(Set[str]):
     def _matches(self, e: OpEntry) -> bool:
         return all(getattr(e, k) == v for k, v in self._fields.items())
 
-    def __contains__(self, op: object) -> bool:
-        # The compiler asks this for every node several times: the members are computed once
-        # per state of the catalogue.
+    def _current(self) -> frozenset[str]:
+        """The members, computed once per state of the catalogue (the compiler asks for every
+        node several times)."""
         edits, members = self._members
         if edits != _EDITS[0]:
-            edits = _EDITS[0]
+            edits = _EDITS[0]  # read first: an edit while computing makes the next call redo it
             members = frozenset(o for o, e in list(_CATALOGUE.items()) if self._matches(e))
             self._members = (edits, members)
-        return isinstance(op, str) and op in members
+        return members
+
+    def __contains__(self, op: object) -> bool:
+        return isinstance(op, str) and op in self._current()
 
     def __iter__(self) -> Iterator[str]:
-        return iter(sorted(op for op, e in _CATALOGUE.items() if self._matches(e)))
+        return iter(sorted(self._current()))
 
     def __len__(self) -> int:
-        return sum(1 for e in _CATALOGUE.values() if self._matches(e))
+        return len(self._current())
 
     @classmethod
     def _from_iterable(cls, it: object) -> frozenset[str]:
