@@ -20,7 +20,9 @@ Payloads (offsets relative to byte 40):
 Decoding is strict: an unknown opcode, ``ndeps > MAX_DEPS``, a nonzero reserved byte or a length
 that is not a multiple of 64 raises :class:`~npu_sim.errors.InvalidCommand` naming the byte
 offset, so a corrupt stream never decodes into something the firmware would run by accident.
-The dataclasses validate their fields when built, so ``unpack(pack(cmds)) == cmds`` always holds.
+The dataclasses validate their fields when built (:func:`unpack` builds them from a checked row
+without that: fixed-width fields cannot be out of range), so ``unpack(pack(cmds)) == cmds``
+always holds.
 """
 
 from __future__ import annotations
@@ -243,7 +245,7 @@ def unpack(data: bytes | bytearray | memoryview) -> list[Command]:
             for k, row in enumerate(_ROW.iter_unpack(data))]
 
 
-_ROW = struct.Struct("<BBHI8IQQQ")
+_ROW = struct.Struct(_HEADER.format + "QQQ")
 """A whole descriptor: the header, then the payload as three u64 words."""
 _LOW = U32_MAX
 _new = object.__new__

@@ -97,7 +97,7 @@ def _check_tensors(program: Program, arena: int,
                    problems: list[str]) -> tuple[list[int | None], list[int], int]:
     """Per-tensor checks, and each ARENA tensor's end against ``arena`` (the arena's size);
     returns each tensor's byte size (None when it cannot be known), the indices of the WEIGHTS
-    tensors and the end of the WEIGHTS region (its last tensor's end), all in one pass.
+    tensors and the end of the WEIGHTS region (the largest end of its tensors), all in one pass.
 
     A tensor that is plainly sound (a tuple of ints >= 0, a known dtype, ARENA or WEIGHTS, an
     aligned int offset: every tensor of a decoded binary) is sized inline; any other goes

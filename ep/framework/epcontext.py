@@ -240,7 +240,8 @@ def context_folder(context: ProviderContext) -> Path:
 
 
 _MISSING = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
-"""The errors ``Path.exists`` reads as "no such file"."""
+"""The ``os.stat`` errors reported as a context binary that does not exist; any other error is
+reported with its own reason ("cannot be opened")."""
 
 
 def resolve_context_file(relative: bytes | str, folder: Path, *, node: str) -> Path:
@@ -275,6 +276,8 @@ def resolve_context_file(relative: bytes | str, folder: Path, *, node: str) -> P
             raise load_error(f"{where}: {str(target)!r} is not a file")
         if found.st_size == 0:
             raise load_error(f"{where}: context binary {str(target)!r} is empty")
+    except InvalidGraph:  # a RuntimeError too: said above, not to be wrapped again
+        raise
     except (OSError, RuntimeError, ValueError) as exc:  # too long, symlink loop, ...
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise load_error(f"{where} {text[:200]!r} cannot be opened: {reason}") from None

@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import struct
 import threading
+import time
 import zlib
 
 import numpy as np
@@ -165,6 +166,41 @@ def _deferred_check_in_child(data: bytes) -> tuple[int, bool]:
     binary.close()
     checks = binary_reader._pool()
     return checks._work_queue.qsize(), any(t.is_alive() for t in checks._threads)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_check_running_when_the_process_forks_is_done_again_in_the_child(monkeypatch):
+    """The parent's thread is inside a run's CRC-32 at the fork: in the child that run never
+    ends, so the child's wait checks every run itself instead of waiting forever."""
+    started = threading.Event()
+
+    def slow(view):
+        started.set()
+        time.sleep(1.0)
+        return real(view)
+
+    real = binary_reader._crc32_then_drop
+    monkeypatch.setattr(binary_reader, "_crc32_then_drop", slow)
+    data = packed(LARGE)
+    binary = ContextBinary.from_bytes(data, defer_weights=True)
+    _IN_FLIGHT.append(binary)
+    assert started.wait(10)
+    try:
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            assert pool.apply_async(_verify_in_child).get(timeout=30) == LARGE.weights[0]
+    finally:
+        _IN_FLIGHT.clear()
+    binary.verify_weights()
+
+
+_IN_FLIGHT: list[ContextBinary] = []
+"""The binary being checked when the test forks: the child's copy (fork, not pickle)."""
+
+
+def _verify_in_child() -> bytes:
+    binary = _IN_FLIGHT[0]
+    binary.verify_weights()
+    return bytes(binary.program("g").weights[0])
 
 
 def test_block_table_covers_the_weights_section():

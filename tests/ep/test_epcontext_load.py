@@ -130,6 +130,8 @@ def test_bad_context_paths_are_invalid_graph(npu_ctx: dict, tmp_path: Path, case
         ep.InferenceSession(str(path))
     assert info.value.message.startswith(E.LOAD_ERROR)
     assert expected in info.value.message
+    assert info.value.message.count(E.LOAD_ERROR) == 1  # said once, not wrapped in another
+    assert "cannot be opened" not in info.value.message
 
 
 @pytest.mark.parametrize("attr, value, expected", [
