@@ -81,6 +81,8 @@ class _Resident:
     """The arrival of its upload when it was streamed (None: uploaded before placing ended)."""
     host_address: int | None = None
     """The address of ``host``, once known (worked out when the store first looks it up)."""
+    gone: bool = False
+    """Forgotten by the store (indexed or not)."""
 
     def sha256(self) -> bytes:
         if self.digest is None:
@@ -305,12 +307,23 @@ class WeightStore:
         looks nothing up."""
         if not self._unindexed:
             return
-        for resident in self._unindexed:
+        # Re-entrant: a program's finalizer may release weights (and call this) whenever the
+        # collector runs, which an allocation here can make it do. So the pending list is taken
+        # first, and a resident is entered after the last allocation before it, if still there.
+        pending, self._unindexed = self._unindexed, []
+        for resident in pending:
             if resident.host_address is None:
                 resident.host_address = host_address(resident.host)
-            self._by_host[(resident.host_address, resident.nbytes)] = resident
-            self._by_size.setdefault(resident.nbytes, []).append(resident)
-        self._unindexed.clear()
+            key = (resident.host_address, resident.nbytes)
+            same = self._by_size.get(resident.nbytes)
+            if same is None:
+                same = self._by_size[resident.nbytes] = []
+            if resident.gone:  # forgotten meanwhile
+                if not same and self._by_size.get(resident.nbytes) is same:
+                    del self._by_size[resident.nbytes]
+                continue
+            self._by_host[key] = resident  # from here on nothing the collector counts is made
+            same.append(resident)
 
     def _undo(self, created: list[_Resident]) -> None:
         """Forget residents a failed placement created (nobody uses them yet)."""
@@ -349,6 +362,9 @@ class WeightStore:
         placement.ready.clear()
 
     def _forget(self, resident: _Resident) -> None:
+        resident.gone = True
+        if resident in self._unindexed:
+            self._unindexed.remove(resident)
         self._index()
         key = (resident.host_address, resident.nbytes)
         if self._by_host.get(key) is resident:

@@ -27,14 +27,12 @@ import simpy
 
 from .compute import Compute
 from .config import DeviceConfig
-from .dma import DMA_ALIGNMENT, HOST_IOVA_BASE, DmaEngine, HostMap
+from .dma import BYTES, DMA_ALIGNMENT, HOST_IOVA_BASE, DmaEngine, HostMap
 from .errors import ConfigError, DmaFault
 from .hbm import DeviceBuffer, Hbm
 from .trace.recorder import TraceRecorder
 
 __all__ = ["DMA_ALIGNMENT", "HOST_IOVA_BASE", "Device", "DeviceBuffer"]
-
-_BYTES = np.dtype(np.uint8)
 
 
 class Device:
@@ -111,7 +109,8 @@ class Device:
         arrival events. The same as :meth:`memcpy_h2d_async` once per copy with the previous
         event as ``deps`` (the same mappings, transfers, chunks, cycles and trace records), with
         the buffer and the dependency checked once for the chain: the firmware streams a
-        program's weights so, one transfer per weight.
+        program's weights so, one transfer per weight. The arrivals of aligned, non-empty copies
+        are plain events, not processes (nothing to ``interrupt``; no ``is_alive``).
 
         Faults are the per-copy calls' (the same :class:`DmaFault`; the copies before a
         faulting one are queued) except which one is raised when several things are wrong at
@@ -212,7 +211,7 @@ class Device:
         return events
 
     def _host_array(self, array: Any, *, writable: bool) -> np.ndarray:
-        if type(array) is np.ndarray and array.dtype is _BYTES and array.flags.c_contiguous \
+        if type(array) is np.ndarray and array.dtype is BYTES and array.flags.c_contiguous \
                 and not writable:  # host bytes to upload (weights): nothing else to check
             return array
         if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:

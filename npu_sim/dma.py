@@ -55,7 +55,8 @@ DMA_ALIGNMENT = 4
 """Device-side DMA addresses must be multiples of this many bytes."""
 
 _IOVA_PAGE = 4096
-_BYTES = np.dtype(np.uint8)
+BYTES = np.dtype(np.uint8)
+"""The dtype of a flat byte array (a mapping, a weight's host bytes): taken as it is."""
 
 DMA_ENERGY = ("dma", "host_link", "hbm")
 """Energy components of a DMA chunk (see the module docstring)."""
@@ -99,7 +100,7 @@ class HostMap:
         iova = self._next
         pages = -(-max(array.nbytes, 1) // _IOVA_PAGE) + 1  # +1: guard page
         self._next += pages * _IOVA_PAGE
-        self._arrays[iova] = array if array.dtype is _BYTES and array.ndim == 1 \
+        self._arrays[iova] = array if array.dtype is BYTES and array.ndim == 1 \
             else array.reshape(-1).view(np.uint8)  # flat bytes (already, for weights)
         self._starts.append(iova)  # addresses only grow: the list stays sorted
         if share and immutable(array):
@@ -240,9 +241,9 @@ class DmaEngine:
         turn, and describe it as :meth:`_start` does: each with its chunks, its name and its
         records' ``work`` (one loop for a chain, which has one upload per weight)."""
         first = self._transfer_no
-        chunk, config = self.config.dma_chunk_bytes, self.config
+        config = self.config
         issued = [(root, src, dst, shared,
-                   [(0, root.size)] if 0 < root.size <= chunk else chunk_plan(config, root.size),
+                   chunk_plan(config, root.size),
                    f"h2d#{no}", {"direction": "h2d", "src": src, "dst": dst, "transfer": no,
                                  "transfer_bytes": root.size})
                   for no, (root, src, dst, shared) in enumerate(uploads, first + 1)]

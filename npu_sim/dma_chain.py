@@ -66,7 +66,11 @@ class UploadChain:
         env.schedule(start, URGENT)
 
     def _first(self, _event: simpy.Event) -> None:
-        """The first transfer's process starting: it waits for ``after``, if given."""
+        """The first transfer's process starting: it waits for ``after``, if given. Here the
+        processes of transfers 2..n had started too, each registering its wait on the arrival
+        before it after whatever callbacks were added to that arrival since the chain was made."""
+        for arrival in self.arrivals[:-1]:
+            arrival.callbacks.append(self._release)
         after = self._after
         if after is None:
             self._begin(())
@@ -76,14 +80,12 @@ class UploadChain:
             after.callbacks.append(self._release)
 
     def _landed(self, arrival: simpy.Event) -> None:
-        """An arrival processed: its mapping goes, and the next transfer's wait is over (here
-        its process's AllOf had registered its check, after the arrival's earlier callbacks)."""
+        """An arrival processed: its mapping goes (first, where each transfer's unmap was; the
+        next transfer's wait is released by the callback :meth:`_first` registered)."""
         k = self._landed_count
         self._landed_count = k + 1
         self._engine.host_map.unmap(self._uploads[k][1])
         self._uploads[k] = None  # its host bytes are no longer needed here
-        if k + 1 < len(self._uploads):
-            self._release(arrival)
 
     def _release(self, dependency: simpy.Event) -> None:
         """What the waiting transfer's AllOf did when its dependency was processed: trigger

@@ -44,7 +44,8 @@ def immutable(array: np.ndarray) -> bool:
         return True
     if isinstance(base, mmap.mmap):
         try:
-            return memoryview(base).readonly  # the temporary view is released at once
+            with memoryview(base) as whole:
+                return whole.readonly
         except ValueError:  # closed
             return False
     return False

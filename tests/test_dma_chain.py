@@ -176,12 +176,14 @@ def test_asking_for_a_mapping_that_does_not_start_there_is_a_dma_fault():
         dev.host_map.mapping(iova)
 
 
-def contended(start, sizes, channels, chunk, waiters, free_at, late_after):
+def contended(start, sizes, channels, chunk, waiters, free_at, late_after, early=()):
     """Everything observable, in the order it happened, when two chains and a run's own
     transfers race: a waiter on an arrival issues a transfer the moment it is processed (so
     the next upload and that transfer ask for a channel at the same cycle), a second chain
     waits behind the first, a third starts after the clock ran (behind a processed event or
-    none), and the first chain's buffer may be freed while its uploads are in flight."""
+    none), and the first chain's buffer may be freed while its uploads are in flight. The
+    arrivals in ``early`` get, before the clock runs, a callback issuing a transfer, or an
+    AllOf made outside any process that a process waits on."""
     config = SMALL.replace(dma_channels=channels, dma_chunk_bytes=chunk)
     dev = Device(config)
     env = dev.env
@@ -200,6 +202,17 @@ def contended(start, sizes, channels, chunk, waiters, free_at, late_after):
         for k, arrival in enumerate(arrivals):
             arrival.callbacks.append(lambda e, name=name, k=k: log.append(
                 ("landed", name, k, env.now, e.ok, len(dev.trace.records))))
+
+    def issue(k):
+        log.append(("early", k, env.now, len(dev.trace.records)))
+        dev.memcpy_d2d_async(spare, spare, 1024, 220 * 1024, 0)
+
+    def waiter_on(condition, k):
+        try:
+            yield condition
+        except DmaFault:
+            return
+        issue(k)
 
     def waiter(k, hops, condition):
         """Wait for upload ``k`` (as a kernel does, through an AllOf, or directly), then for
@@ -220,6 +233,12 @@ def contended(start, sizes, channels, chunk, waiters, free_at, late_after):
 
     for k, hops, condition in waiters:
         env.process(waiter(k % len(first), hops, condition))
+    for k, condition in early:
+        arrival = first[k % len(first)]
+        if condition:
+            env.process(waiter_on(simpy.AllOf(env, [arrival]), k))
+        else:
+            arrival.callbacks.append(lambda e, k=k: e.ok and issue(k))
     if free_at is not None:
         env.run(until=free_at)
         dev.free(buf)
@@ -247,17 +266,24 @@ def contended(start, sizes, channels, chunk, waiters, free_at, late_after):
 @settings(max_examples=150, deadline=None)
 # a run's transfer asking for the one channel on the turn the second chain starts
 @example(sizes=[1], channels=1, chunk=4096, waiters=[(0, 0, False)], free_at=None,
-         late_after=False)
+         late_after=False, early=[])
+# a callback, and an AllOf made outside a process, on the first arrival before the clock runs
+@example(sizes=[4096, 4096], channels=1, chunk=4096, waiters=[], free_at=None,
+         late_after=False, early=[(0, False)])
+@example(sizes=[4096, 4096], channels=1, chunk=4096, waiters=[], free_at=None,
+         late_after=False, early=[(0, True)])
 @example(sizes=[5000, 9000, 64], channels=1, chunk=4096,  # and with a failure cascading
-         waiters=[(0, 0, False), (1, 1, True), (2, 2, False)], free_at=1500, late_after=True)
+         waiters=[(0, 0, False), (1, 1, True), (2, 2, False)], free_at=1500, late_after=True,
+         early=[])
 @given(sizes=st.lists(st.integers(1, 20_000), min_size=1, max_size=6),
        channels=st.integers(1, 3), chunk=st.sampled_from([4096, 8192]),
        waiters=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3), st.booleans()),
                         max_size=6),
-       free_at=st.one_of(st.none(), st.integers(1, 3000)), late_after=st.booleans())
+       free_at=st.one_of(st.none(), st.integers(1, 3000)), late_after=st.booleans(),
+       early=st.lists(st.tuples(st.integers(0, 5), st.booleans()), max_size=3))
 def test_contending_chains_take_the_per_copy_turns(sizes, channels, chunk, waiters, free_at,
-                                                   late_after):
+                                                   late_after, early):
     """The chain drives its transfers without a simpy process each; the simulator must still
     process every event in the per-copy order, which same-cycle contention makes visible."""
-    args = (sizes, channels, chunk, waiters, free_at, late_after)
+    args = (sizes, channels, chunk, waiters, free_at, late_after, early)
     assert contended(chained, *args) == contended(per_copy, *args)

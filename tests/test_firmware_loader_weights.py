@@ -114,7 +114,7 @@ def test_upload_writes_every_weight_and_moves_each_range_once(stream, layout, as
 
 @settings(max_examples=40)
 @given(weight_layouts(packed=True))
-def test_streamed_weights_give_up_their_host_pages_once_each_as_they_land(layout):
+def test_streamed_weights_give_up_their_host_pages_as_their_uploads_land(layout):
     """Streaming drops each uploaded weight's host pages (``drop_resident``) when an upload
     carrying its bytes has landed (its own; an unaligned weight's staging window also carries
     the bytes below it), never before: at the end of that upload's last chunk."""

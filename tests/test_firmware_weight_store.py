@@ -95,3 +95,33 @@ def test_the_device_stays_consistent_after_either_unload(first_unloaded):
     assert fw.stats()["hbm.weights.bytes"] == 0
     assert dev.hbm.stats()["hbm.bytes_in_use"] == 0
     assert fw.stats()["hbm.weights.references"] == 0
+
+
+@pytest.mark.parametrize("dropped", ["indexed", "being_indexed"])
+def test_a_program_unloaded_while_the_store_indexes_leaves_no_stale_weight(monkeypatch, dropped):
+    """A finalizer may unload a program whenever the collector runs, also while the store is
+    working out its weights' host addresses: the unloaded program's weights must leave the
+    store (none counted, none shared later from freed memory)."""
+    import firmware_model.weights as store_module
+
+    dev = Device("npu-s")
+    fw = Firmware(dev)
+    first = fw.load(add_program("a", W))
+    second = fw.load(add_program("b", V))  # its lookup indexed the first's weight
+    victim = first if dropped == "indexed" else second
+    real, fired = store_module.host_address, []
+
+    def unloading(host):
+        if not fired:
+            fired.append(victim.unload())
+        return real(host)
+
+    monkeypatch.setattr(store_module, "host_address", unloading)
+    stats = fw.stats()  # indexes the second's weight: the victim goes meanwhile
+    assert fired and stats["hbm.weights.bytes"] == NB and stats["hbm.weights.references"] == 1
+    monkeypatch.undo()
+    (second if victim is first else first).unload()
+    assert fw.stats()["hbm.weights.bytes"] == 0 and dev.hbm.stats()["hbm.bytes_in_use"] == 0
+    again = fw.load(add_program("c", W, extra=V))
+    assert fw.stats()["hbm.weights.shared_bytes"] == 0
+    np.testing.assert_array_equal(again.run([X])[0], run_ort("Add", [X, W])[0])
