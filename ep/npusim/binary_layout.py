@@ -68,6 +68,8 @@ commands length, tensor count, launch count, input count, output count, weight c
 
 TENSOR = struct.Struct("<IBBHQ")
 """name string id, dtype code, region, rank, offset; followed by ``rank`` u64 dimensions."""
+TENSOR_RANK_AT = struct.calcsize("<IBB")
+"""Where a TENSOR record's u16 rank starts."""
 
 WEIGHT = struct.Struct("<IIQQ")
 """tensor index, source (0: WEIGHTS; k >= 1: entry k - 1 of EXTERNAL_WEIGHTS, format 2.2), blob
@@ -82,7 +84,8 @@ LAUNCH = struct.Struct("<IIHHI")
 the input and output tensor indices (i32, -1 = omitted) and the attributes."""
 
 LAUNCH_COUNTS = struct.Struct("<HH")
-"""The input and output counts of a LAUNCH record, at byte 8 of it."""
+"""The input and output counts of a LAUNCH record, at :data:`LAUNCH_COUNTS_AT` of it."""
+LAUNCH_COUNTS_AT = struct.calcsize("<II")
 
 ATTR = struct.Struct("<IB")
 """attribute name string id, tag; followed by the tag's payload."""

@@ -44,9 +44,10 @@ _IO: dict[tuple[int, int], struct.Struct] = {}
 """A launch record's head and its input and output indices by (inputs, outputs), each count at
 most ``_MAX_IO`` (so a hostile file adds at most 289 small entries); more are read in parts."""
 
-_ATTR_HEAD = struct.Struct("<IBI")
+_ATTR_HEAD = struct.Struct(L.ATTR.format + "I")
 """An attribute's name id, tag and first u32 of its payload (every tag's payload has 4 bytes at
 least): a STRING's string id, or the count of a BYTES, INTS, FLOATS or STRINGS value."""
+_ATTR_SIZE = L.ATTR.size
 
 _MAX_ITEMS = 16
 _ITEMS = {code: tuple(struct.Struct(f"<{n}{code}") for n in range(_MAX_ITEMS + 1))
@@ -297,11 +298,11 @@ class Decoder:
 
     def tensors(self, cur: _Cursor, count: int) -> tuple[TensorDesc, ...]:
         view, strings, regions, names = cur.view, self.strings, _REGIONS, dtypes.DTYPES
-        ranked, size, out = _RANKED, L.TENSOR.size, []
+        ranked, size, rank_at, out = _RANKED, L.TENSOR.size, L.TENSOR_RANK_AT, []
         pos = cur.pos
         try:
             for _ in range(count):
-                rank = view[pos + 6] | view[pos + 7] << 8
+                rank = view[pos + rank_at] | view[pos + rank_at + 1] << 8  # u16, little-endian
                 if rank <= _MAX_RANK:
                     record = ranked[rank].unpack_from(view, pos)
                     shape = record[5:]
@@ -333,7 +334,7 @@ class Decoder:
         """One well-formed launch, or ValueError / IndexError / struct.error with ``cur`` left
         at its start (:meth:`launch` then names what is wrong)."""
         view, strings, pos = cur.view, self.strings, cur.pos
-        n_in, n_out = L.LAUNCH_COUNTS.unpack_from(view, pos + 8)
+        n_in, n_out = L.LAUNCH_COUNTS.unpack_from(view, pos + L.LAUNCH_COUNTS_AT)
         layout = _IO.get((n_in, n_out))
         if layout is None and n_in <= _MAX_IO and n_out <= _MAX_IO:
             layout = _IO[n_in, n_out] = struct.Struct(f"{L.LAUNCH.format}{n_in + n_out}i")
@@ -355,7 +356,7 @@ class Decoder:
             name = strings[name_id]
             if name in attrs:
                 raise ValueError("attribute repeated")
-            pos += 5  # L.ATTR.size: the payload starts at ``word``
+            pos += _ATTR_SIZE  # the payload starts at ``word``
             if tag == _INTS and word <= _MAX_ITEMS:  # the commonest: kernel shapes, pads...
                 attrs[name] = ints[word].unpack_from(view, pos + 4)
                 pos += 4 + 8 * word
