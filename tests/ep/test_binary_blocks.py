@@ -174,10 +174,10 @@ def test_a_check_running_when_the_process_forks_is_done_again_in_the_child(monke
     ends, so the child's wait checks every run itself instead of waiting forever."""
     started = threading.Event()
 
-    def slow(view):
+    def slow(*args):
         started.set()
         time.sleep(1.0)
-        return real(view)
+        return real(*args)
 
     real = binary_reader._crc32_then_drop
     monkeypatch.setattr(binary_reader, "_crc32_then_drop", slow)
@@ -251,11 +251,11 @@ def test_weights_that_change_between_reads_are_refused(verifier, monkeypatch):
     checked = binary_reader._crc32_then_drop
     lock = threading.Lock()
 
-    def changing(run: memoryview) -> int:  # the byte is wrong only while a run is checked
+    def changing(run: memoryview, *drop) -> int:  # the byte is wrong only while a run is checked
         with lock:
             data[weights.offset + 9] ^= 1
             try:
-                return checked(run)
+                return checked(run, *drop)
             finally:
                 data[weights.offset + 9] ^= 1
 
@@ -375,3 +375,35 @@ def test_a_deduplicated_blob_breaks_the_run_of_a_second_graph():
     got = dev.hbm.read(loaded.weights.address, two.weights_bytes)
     assert bytes(got[:600]) == two.weights[0] and bytes(got[1024:1824]) == two.weights[1]
     assert dev.stats()["dma.transfers"] == 2
+
+
+def _rss_of_mapping_at(address: int) -> int:
+    """Resident bytes of the mapping holding ``address``, from /proc/self/smaps."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "Rss:":
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no mapping holds address 0x{address:x}")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's smaps")
+def test_an_opened_files_weights_leave_the_resident_set_once_checked(tmp_path):
+    """The checksum thread drops the pages of a mapped file's weights after their CRC-32 (by
+    offset in the mapping): opening a binary does not keep its weights resident; reading them
+    brings them back (the test can see residency)."""
+    size = 256 * BLOCK
+    path = tmp_path / "m.bin"
+    path.write_bytes(packed(program([(size, 0)])))
+    with ContextBinary.open(path) as binary:
+        weight = binary.program("g").weights[0]
+        array = np.frombuffer(weight, np.uint8)
+        address = array.ctypes.data
+        assert _rss_of_mapping_at(address) < size // 4
+        assert int(array.sum(dtype=np.uint64)) > 0  # every page read again
+        assert _rss_of_mapping_at(address) >= size
+        del array, weight
