@@ -353,9 +353,7 @@ class Decoder:
         head, ints = _ATTR_HEAD.unpack_from, _ITEMS["q"]
         for _ in range(n_attrs):
             name_id, tag, word = head(view, pos)
-            name = strings[name_id]
-            if name in attrs:
-                raise ValueError("attribute repeated")
+            name = strings[name_id]  # repeated: found by the count after the loop
             pos += _ATTR_SIZE  # the payload starts at ``word``
             if tag == _INTS and word <= _MAX_ITEMS:  # the commonest: kernel shapes, pads...
                 attrs[name] = ints[word].unpack_from(view, pos + 4)
@@ -381,6 +379,8 @@ class Decoder:
                 pos += 4 + word
             else:
                 raise ValueError("malformed attribute tag")
+        if len(attrs) != n_attrs:
+            raise ValueError("attribute repeated")
         launch = _new(KernelLaunch)
         _set(launch, "__dict__", {"op": strings[op_id], "inputs": ios[:n_in],
                                   "outputs": ios[n_in:], "attrs": attrs,

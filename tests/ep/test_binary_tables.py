@@ -90,6 +90,18 @@ def test_a_wrong_launch_after_good_ones_is_named(where, fmt, value, message):
         ContextBinary.from_bytes(data)
 
 
+def test_a_repeated_attribute_after_good_launches_is_named():
+    """The fast loop finds a repeated name by the count of what it read; the record reader
+    then names the attribute."""
+    data = packed(program())
+    programs = next(s for s in ContextBinary.from_bytes(data).sections if s.kind_name == "programs")
+    first = launch_at(1) + L.LAUNCH.size + 8
+    (k_id,) = struct.unpack_from("<I", data, programs.offset + first)
+    data = patched(data, first + L.ATTR.size + 8, "<I", k_id)  # 's' renamed 'k'
+    with pytest.raises(InvalidGraph, match=r"graph 'g', launch 1: attribute 'k' appears twice"):
+        ContextBinary.from_bytes(data)
+
+
 def test_a_wrong_tensor_after_a_good_one_is_named():
     data = patched(packed(program()), L.PROGRAM.size + L.TENSOR.size + 16 + 5, "<B", 9)
     with pytest.raises(InvalidGraph, match=r"graph 'g', tensor 1: dtype code \d+ or region 9 is "
