@@ -131,6 +131,23 @@ def test_crc32_combine_is_zlibs(first, second):
     assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
 
 
+def test_multmodp_is_the_product_mod_the_crc_polynomial():
+    """The nibble-wise product against the definition, one bit of ``a`` at a time (zlib's
+    loop): ``b * x`` is a shift right, the polynomial folded in when a bit falls off."""
+    def reference(a: int, b: int) -> int:
+        p = 0
+        for bit in range(32):  # bit 31 of ``a`` is x^0
+            if a >> (31 - bit) & 1:
+                p ^= b
+            b = (b >> 1) ^ 0xEDB88320 if b & 1 else b >> 1
+        return p
+
+    rng = np.random.default_rng(7)
+    pairs = [(int(a), int(b)) for a, b in rng.integers(0, 1 << 32, (2000, 2), dtype=np.uint64)]
+    for a, b in pairs + [(0, 5), (1 << 31, 0xDEADBEEF), (1, 1), (0xFFFFFFFF, 0xFFFFFFFF)]:
+        assert C._multmodp(a, b) == reference(a, b), (a, b)
+
+
 def test_a_deferred_check_reports_a_bad_block_when_waited_for():
     """``defer_weights``: the programs come back while the checksum thread still runs; the bad
     block is the error of verify_weights, of every call of it, and closing never reports it."""
