@@ -189,21 +189,25 @@ class WeightStore:
         found: dict[Key, _Resident] = {}
         missing: list[Key] = []
         user: dict[Key, tuple[DeviceBuffer, int]] = {}
-        for key, indices in by_offset.items():
-            host = hosts[key]
-            where = next((pinned[i] for i in indices if i in pinned), None) if pinned else None
-            if where is not None:
-                hit = self._at_host(host)
-                if hit is not None and hit.address == where[0].address + where[1]:
-                    found[key] = hit
+        self._index()
+        if not pinned and not self._by_size:  # an empty store (the first program): all missing
+            missing = list(by_offset)
+        else:
+            for key, indices in by_offset.items():
+                host = hosts[key]
+                where = next((pinned[i] for i in indices if i in pinned), None) if pinned else None
+                if where is not None:
+                    hit = self._at_host(host)
+                    if hit is not None and hit.address == where[0].address + where[1]:
+                        found[key] = hit
+                    else:
+                        user[key] = where
+                    continue
+                hit = self._find(host)
+                if hit is None:
+                    missing.append(key)
                 else:
-                    user[key] = where
-                continue
-            hit = self._find(host)
-            if hit is None:
-                missing.append(key)
-            else:
-                found[key] = hit
+                    found[key] = hit
         placement = Placement(dict.fromkeys(empty, 0))
         before = set(found)
         try:
