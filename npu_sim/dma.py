@@ -109,25 +109,22 @@ class HostMap:
 
     def map_uploads(self, arrays: Sequence[np.ndarray], *,
                     share: bool = False) -> list[tuple[np.ndarray, int, bool]]:
-        """:meth:`map` each of ``arrays`` in turn, flat C-contiguous ``uint8`` arrays (host bytes
-        to upload; anything else is :class:`DmaFault` naming it, those before it mapped);
-        ``(root, iova, shared)`` of each, as :meth:`mapping` gives them. One loop for the
-        firmware's weight streams, which map one array per weight."""
+        """:meth:`map` each of ``arrays`` in turn, flat C-contiguous ``uint8`` arrays the caller
+        has checked (host bytes to upload); ``(root, iova, shared)`` of each, as :meth:`mapping`
+        gives them. One loop for the firmware's weight streams, which map one array per
+        weight (:meth:`~npu_sim.device.Device.memcpy_h2d_chain`)."""
         out: list[tuple[np.ndarray, int, bool]] = []
         arrays_, starts, shared_ = self._arrays, self._starts, self._shared
-        for k, array in enumerate(arrays):
-            if type(array) is not np.ndarray or array.dtype is not BYTES or array.ndim != 1 \
-                    or not array.flags.c_contiguous:
-                raise DmaFault(self.scope, f"map_uploads: array {k} is not a flat C-contiguous "
-                                           f"uint8 numpy array ({type(array).__name__})")
-            iova = self._next
-            self._next = iova + (-(-max(array.size, 1) // _IOVA_PAGE) + 1) * _IOVA_PAGE  # +guard
+        iova = self._next
+        for array in arrays:
             arrays_[iova] = array
             starts.append(iova)  # addresses only grow: the list stays sorted
             shared = share and immutable(array)
             if shared:
                 shared_.add(iova)
             out.append((array, iova, shared))
+            iova += (-(-max(array.size, 1) // _IOVA_PAGE) + 1) * _IOVA_PAGE  # +1: guard page
+        self._next = iova
         return out
 
     def unmap(self, iova: int) -> None:
