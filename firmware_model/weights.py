@@ -152,7 +152,8 @@ class WeightStore:
         never allocated or freed here (user-provided device memory).
         """
         device = self.firmware.device
-        weights = [i for i, t in enumerate(program.tensors) if t.region == Region.WEIGHTS]
+        in_weights = Region.WEIGHTS  # an enum member looked up once, not once a tensor
+        weights = [i for i, t in enumerate(program.tensors) if t.region == in_weights]
         if not weights:
             return Placement()
         if pinned and not shareable:
@@ -189,21 +190,25 @@ class WeightStore:
         found: dict[Key, _Resident] = {}
         missing: list[Key] = []
         user: dict[Key, tuple[DeviceBuffer, int]] = {}
-        for key, indices in by_offset.items():
-            host = hosts[key]
-            where = next((pinned[i] for i in indices if i in pinned), None) if pinned else None
-            if where is not None:
-                hit = self._at_host(host)
-                if hit is not None and hit.address == where[0].address + where[1]:
-                    found[key] = hit
+        self._index()
+        if not pinned and not self._by_size:  # an empty store (the first program): all missing
+            missing = list(by_offset)
+        else:
+            for key, indices in by_offset.items():
+                host = hosts[key]
+                where = next((pinned[i] for i in indices if i in pinned), None) if pinned else None
+                if where is not None:
+                    hit = self._at_host(host)
+                    if hit is not None and hit.address == where[0].address + where[1]:
+                        found[key] = hit
+                    else:
+                        user[key] = where
+                    continue
+                hit = self._find(host)
+                if hit is None:
+                    missing.append(key)
                 else:
-                    user[key] = where
-                continue
-            hit = self._find(host)
-            if hit is None:
-                missing.append(key)
-            else:
-                found[key] = hit
+                    found[key] = hit
         placement = Placement(dict.fromkeys(empty, 0))
         before = set(found)
         try:
@@ -214,15 +219,18 @@ class WeightStore:
         except BaseException:
             self._undo([r for k, r in found.items() if k not in before])
             raise
+        addresses, ready, residents = placement.addresses, placement.ready, placement.residents
         for key, indices in by_offset.items():
             resident = found[key]
             resident.users += 1
             resident.block.users += 1
-            placement.residents.append(resident)
+            residents.append(resident)
+            arrival = resident.ready
+            in_flight = arrival is not None and not arrival.processed
             for i in indices:
-                placement.addresses[i] = resident.address
-                if resident.ready is not None and not resident.ready.processed:
-                    placement.ready[i] = resident.ready
+                addresses[i] = resident.address
+                if in_flight:
+                    ready[i] = arrival
             if key in before:
                 self.shared_bytes += resident.nbytes
         return placement

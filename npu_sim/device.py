@@ -126,7 +126,17 @@ class Device:
         # Aligned, non-empty copies are DMA uploads started one after another by the engine
         # (DmaEngine.upload_chain); the others take the general path, each behind the last.
         pending: list[tuple[np.ndarray, int, int, bool]] = []
-        host_map, base = self.host_map, dst.address
+        host_map, base, room = self.host_map, dst.address, dst.nbytes
+        if all(type(host) is np.ndarray and host.dtype is BYTES and host.ndim == 1
+               and host.flags.c_contiguous and type(offset) is int
+               and 0 <= offset <= room - host.size and host.size
+               and not (base + offset) % DMA_ALIGNMENT for host, offset in copies):
+            # Weights (flat bytes, aligned, in range): all DMA uploads, mapped in one loop,
+            # in the order and with the mappings the loop below would make.
+            mapped = host_map.map_uploads([host for host, _ in copies], share=share)
+            return self._chain([
+                (root, iova, base + offset, shared)
+                for (root, iova, shared), (_, offset) in zip(mapped, copies, strict=True)], last)
         try:
             for host_array, offset in copies:
                 array = self._host_array(host_array, writable=False)

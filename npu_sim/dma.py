@@ -107,6 +107,26 @@ class HostMap:
             self._shared.add(iova)
         return iova
 
+    def map_uploads(self, arrays: Sequence[np.ndarray], *,
+                    share: bool = False) -> list[tuple[np.ndarray, int, bool]]:
+        """:meth:`map` each of ``arrays`` in turn, flat C-contiguous ``uint8`` arrays the caller
+        has checked (host bytes to upload); ``(root, iova, shared)`` of each, as :meth:`mapping`
+        gives them. One loop for the firmware's weight streams, which map one array per
+        weight (:meth:`~npu_sim.device.Device.memcpy_h2d_chain`)."""
+        out: list[tuple[np.ndarray, int, bool]] = []
+        arrays_, starts, shared_ = self._arrays, self._starts, self._shared
+        iova = self._next
+        for array in arrays:
+            arrays_[iova] = array
+            starts.append(iova)  # addresses only grow: the list stays sorted
+            shared = share and immutable(array)
+            if shared:
+                shared_.add(iova)
+            out.append((array, iova, shared))
+            iova += (-(-max(array.size, 1) // _IOVA_PAGE) + 1) * _IOVA_PAGE  # +1: guard page
+        self._next = iova
+        return out
+
     def unmap(self, iova: int) -> None:
         """Remove the mapping that starts at ``iova``."""
         if iova not in self._arrays:

@@ -53,12 +53,16 @@ def host_arrays() -> list[np.ndarray]:
             np.frombuffer(rng.bytes(3), np.uint8)]
 
 
-def run(start, *, share: bool, competing: bool):
-    """Both sides' observable results: arrival times, trace, counters, HBM bytes, mappings."""
+def run(start, *, share: bool, competing: bool, uploads_only: bool = False):
+    """Both sides' observable results: arrival times, trace, counters, HBM bytes, mappings.
+    ``uploads_only``: without the empty copy, so every copy is a DMA upload (the chain maps
+    them in one loop, :meth:`HostMap.map_uploads`)."""
     dev = Device(SMALL)
     buf = dev.malloc(64 * 1024)
     hosts = host_arrays()
     offsets = [0, 8192, 12288, 24576, 32768, 40960]
+    if uploads_only:
+        del hosts[3], offsets[3]
     first = dev.memcpy_h2d_async(buf, np.ones(2048, np.uint8), 60 * 1024)
     if competing:  # a run's own transfer racing the chain for channels and the link
         dev.memcpy_h2d_async(buf, np.full(10_000, 3, np.uint8), 45 * 1024)
@@ -78,6 +82,33 @@ def test_a_chain_is_the_per_copy_transfers(share, competing):
     assert got == want
     assert want[2]["dma.transfers"] == 1 + competing + 5  # the empty copy moves nothing
     assert want[-1] == 0  # every mapping is released once its transfer lands
+
+
+@pytest.mark.parametrize("share", [True, False])
+@pytest.mark.parametrize("competing", [False, True])
+def test_a_chain_of_uploads_only_is_the_per_copy_transfers(share, competing):
+    want = run(per_copy, share=share, competing=competing, uploads_only=True)
+    got = run(chained, share=share, competing=competing, uploads_only=True)
+    assert got == want
+    assert want[2]["dma.transfers"] == 1 + competing + 5
+
+
+def test_mapping_uploads_in_one_loop_is_mapping_each():
+    """``HostMap.map_uploads`` gives each array the address, root and sharing ``map`` then
+    ``mapping`` give it."""
+    hosts = host_arrays()
+    for share in (True, False):
+        one, each = Device(SMALL).host_map, Device(SMALL).host_map
+        want = []
+        for host in hosts:
+            iova = each.map(host, share=share)
+            root, shared = each.mapping(iova)
+            want.append((root, iova, shared))
+        got = one.map_uploads(hosts, share=share)
+        assert [(r is w[0], i, s) for (r, i, s), w in zip(got, want, strict=True)] == \
+            [(True, i, s) for _, i, s in want]
+        assert any(s for *_, s in got) == share  # the views of bytes are shared
+        assert one._next == each._next and one._starts == each._starts
 
 
 def test_a_chain_waits_for_each_previous_copy():

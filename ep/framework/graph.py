@@ -184,7 +184,8 @@ class GraphView:
 
     def with_assigned(self, assigned: Iterable[int]) -> GraphView:
         """A view sharing everything with this one except ``assigned`` (nodes already taken)."""
-        view = copy.copy(self)
+        view = object.__new__(type(self))  # copy.copy's result, without its reduce protocol
+        view.__dict__.update(self.__dict__)
         view.assigned = frozenset(assigned)
         return view
 

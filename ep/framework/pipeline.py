@@ -222,8 +222,9 @@ def _load(path_or_bytes: str | os.PathLike[str] | bytes, config: Mapping[str, st
         if not os.path.isfile(model_path):
             raise NoSuchFile(f"Load model from {model_path} failed:Load model {model_path} "
                              "failed. File doesn't exist")
-        data = Path(model_path).read_bytes()
-        folder = str(Path(model_path).resolve().parent)
+        with open(model_path, "rb") as file:
+            data = file.read()
+        folder = None  # the model's folder, resolved below only if external data needs it
     else:
         raise TypeError(f"Unable to load from type '{type(path_or_bytes)}'")
     scanned = split_weights(data, WEIGHT_BYTES, viewable) if split else None
@@ -238,7 +239,9 @@ def _load(path_or_bytes: str | os.PathLike[str] | bytes, config: Mapping[str, st
     external = [t.name for t in external_data_helper._get_all_tensors(model)
                 if external_data_helper.uses_external_data(t)]
     if external:
-        if folder is None:
+        if model_path is not None:
+            folder = str(Path(model_path).resolve().parent)
+        elif folder is None:
             raise Fail(f"the model has external initializers {external[:3]} but was loaded from "
                        f"bytes; set {EXTERNAL_INITIALIZERS_FOLDER} to the folder of its data file")
         try:
