@@ -55,6 +55,13 @@ DMA_ALIGNMENT = 4
 """Device-side DMA addresses must be multiples of this many bytes."""
 
 _IOVA_PAGE = 4096
+
+
+def _span(nbytes: int) -> int:
+    """The I/O virtual address space a mapping of ``nbytes`` takes: whole pages and a guard."""
+    return (-(-max(nbytes, 1) // _IOVA_PAGE) + 1) * _IOVA_PAGE
+
+
 BYTES = np.dtype(np.uint8)
 """The dtype of a flat byte array (a mapping, a weight's host bytes): taken as it is."""
 
@@ -98,8 +105,7 @@ class HostMap:
                                        + ("" if not isinstance(array, np.ndarray)
                                           else " that is not C-contiguous"))
         iova = self._next
-        pages = -(-max(array.nbytes, 1) // _IOVA_PAGE) + 1  # +1: guard page
-        self._next += pages * _IOVA_PAGE
+        self._next += _span(array.nbytes)
         self._arrays[iova] = array if array.dtype is BYTES and array.ndim == 1 \
             else array.reshape(-1).view(np.uint8)  # flat bytes (already, for weights)
         self._starts.append(iova)  # addresses only grow: the list stays sorted
@@ -123,7 +129,7 @@ class HostMap:
             if shared:
                 shared_.add(iova)
             out.append((array, iova, shared))
-            iova += (-(-max(array.size, 1) // _IOVA_PAGE) + 1) * _IOVA_PAGE  # +1: guard page
+            iova += _span(array.size)
         self._next = iova
         return out
 
