@@ -79,7 +79,10 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     with cli_progress.phase(f"loading {label} on {args.device}"):
         session = InferenceSession(source, cli_trace.profiling(args.trace),
                                    providers=[(NPU, options)])
-    described = described_by(model, source)  # loaded once, for the inputs and for --check
+    checking = not args.timing_only and (args.check or args.model is None)
+    # The model that describes the inputs (an EPContext model's source), loaded once for
+    # generating inputs and for --check, and only when one of them needs it.
+    described = described_by(model, source) if checking or not args.inputs else None
     feeds = load_inputs(model, args.inputs) if args.inputs else generate_inputs(
         described, args.seed)
     try:
@@ -100,7 +103,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
                       for name, stats in session.get_run_stats().items()
                       if isinstance(stats, dict) and "cycles" in stats}
     ok = True
-    if not args.timing_only and (args.check or args.model is None):
+    if checking:
         with cli_progress.phase("checking against onnxruntime CPU"):
             report["check"] = check(model, source, feeds, outputs, described)
         ok = all(c["ok"] for c in report["check"].values())
