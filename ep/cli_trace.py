@@ -35,8 +35,7 @@ def _device(value: str) -> DeviceConfig:
     try:
         return DeviceConfig.named(value)
     except ConfigError as exc:
-        raise TraceError("--device", f"{exc.field}={exc.value!r} is invalid; expected "
-                                     f"{exc.valid}") from None
+        raise TraceError("--device", exc.message) from None
 
 
 def _print_json(value: Any, out: TextIO) -> None:

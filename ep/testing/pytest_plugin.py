@@ -71,11 +71,8 @@ def npu_device_name(request: pytest.FixtureRequest) -> str:
 def npu_device_config(npu_device_name: str) -> Any:
     """The :class:`npu_sim.DeviceConfig` of ``npu_device_name``."""
     from npu_sim import DeviceConfig
-    from npu_sim.config import PRESETS
 
-    if npu_device_name in PRESETS:
-        return DeviceConfig.preset(npu_device_name)
-    return DeviceConfig.from_file(npu_device_name)
+    return DeviceConfig.named(npu_device_name)
 
 
 @pytest.fixture
