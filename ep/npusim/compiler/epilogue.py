@@ -34,9 +34,10 @@ differently, by a few float32 ulps per product.
 from __future__ import annotations
 
 from npu_sim.epilogue import BINARY, GATES, Step, decode, encode, operands
+from npu_sim.kernels.gemm import broadcasts_to
 
 from ..ops import Fusion, ops_where
-from .ir import Node, SubGraph, Uses, activation_params, broadcasts_to
+from .ir import Node, SubGraph, Uses, activation_params
 
 HOSTS = ops_where(fusion=Fusion.HOST)
 ACTIVATIONS = ops_where(fusion=Fusion.ACTIVATION)

@@ -28,7 +28,8 @@ from onnx import helper, numpy_helper
 
 from npu_sim import dtypes
 from npu_sim import kernels as npu_kernels
-from npu_sim.kernels.activations import clip_range
+from npu_sim.errors import KernelError
+from npu_sim.kernels import activations as kernel_activations
 
 from ... import errors
 from ...framework.shapes import WEIGHT_BYTES, nbytes
@@ -375,39 +376,21 @@ def _static_type(vi: onnx.ValueInfoProto) -> TensorType:
     return dtype, tuple(shape)
 
 
-def broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
-    """Whether ``shape`` broadcasts unidirectionally to ``target`` (ONNX rules)."""
-    if len(shape) > len(target):
-        return False
-    return all(s in (1, t) for s, t in zip(reversed(shape), reversed(target), strict=False))
-
-
-
 def activation_params(graph: SubGraph, act: Node) -> tuple[float, ...] | None:
-    """The fused-activation parameters of ``act`` (None when they are not constant)."""
-    a = act.attrs
-    if act.op == "LeakyRelu":
-        return (float(a.get("alpha", 0.01)),)
-    if act.op == "HardSigmoid":
-        return (float(a.get("alpha", 0.2)), float(a.get("beta", 0.5)))
-    if act.op == "Gelu":
-        return (1.0 if a.get("approximate", "none") == "tanh" else 0.0,)
-    if act.op == "Clip":
-        low, high = clip_range(dtypes.to_numpy(graph.types[act.inputs[0]][0]))
-        if "min" in a or "max" in a:  # opset < 11: bounds are attributes
-            return (float(a.get("min", low)), float(a.get("max", high)))
-        bounds = []
-        for k, default in ((1, low), (2, high)):
-            name = act.inputs[k] if len(act.inputs) > k else ""
-            if not name:
-                bounds.append(default)
-                continue
-            value = graph.const(name)
-            if value is None or value.size != 1:
-                return None
-            bounds.append(float(value.reshape(())))
-        return tuple(bounds)
-    return ()
+    """The fused-activation parameters of ``act``, as its kernel works them out
+    (:func:`npu_sim.kernels.activations.activation_params`); None when they are not constant
+    (a Clip bound that is not a scalar constant) or the kernel refuses them."""
+    x = np.empty(0, dtypes.to_numpy(graph.types[act.inputs[0]][0]))  # its dtype: Clip's range
+    inputs: list[np.ndarray | None] = [x]
+    for name in act.inputs[1:3] if act.op == "Clip" else ():
+        value = graph.const(name) if name else None
+        if name and (value is None or value.size != 1):
+            return None
+        inputs.append(value)
+    try:
+        return kernel_activations.activation_params(act.op, act.attrs, inputs)
+    except KernelError:  # run unfused: its own launch reports it
+        return None
 
 
 def run_node(node: Node, values: Sequence[np.ndarray | None]) -> list[np.ndarray]:

@@ -31,11 +31,12 @@ import numpy as np
 
 from npu_sim import dtypes
 from npu_sim.errors import NpuSimError
+from npu_sim.kernels.gemm import broadcasts_to
 from npu_sim.kernels.limits import check_elements
 
 from ..ops import Fusion, ops_where
 from .epilogue import fuse_epilogues
-from .ir import Node, SubGraph, Uses, activation_params, broadcasts_to, contiguous, run_node
+from .ir import Node, SubGraph, Uses, activation_params, contiguous, run_node
 
 FUSABLE_ACTIVATIONS = ops_where(fusion=Fusion.ACTIVATION)
 ACTIVATION_HOSTS = ops_where(fusion=Fusion.HOST)
