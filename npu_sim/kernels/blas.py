@@ -134,13 +134,14 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
 def edges(count: int, unit_macs: int, align: int = 1) -> list[int]:
     """Boundaries cutting ``range(count)`` (each unit ``unit_macs`` MACs) into at most
     :data:`PARTS` ranges, inner boundaries at multiples of ``align``, every range above
-    :data:`SMALL_GEMM` MACs (fewer ranges where that needs it; one: no split)."""
+    :data:`SMALL_GEMM` MACs (fewer ranges where that needs it; one: no split). ``unit_macs``
+    0: the units are not GEMMs, and the ranges have no least size."""
     blocks = -(-count // align)
     for parts in range(max(1, min(PARTS, blocks)), 1, -1):
         cut = sorted({min(count, blocks * k // parts * align) for k in range(1, parts)}
                      - {0, count})
         bounds = [0, *cut, count]
-        if min(np.diff(bounds)) * unit_macs > SMALL_GEMM:
+        if not unit_macs or min(np.diff(bounds)) * unit_macs > SMALL_GEMM:
             return bounds
     return [0, count]
 
@@ -148,11 +149,7 @@ def edges(count: int, unit_macs: int, align: int = 1) -> list[int]:
 def spread(count: int, work: Callable[[int, int], object], unit_macs: int = 0) -> None:
     """``work(lo, hi)`` over consecutive ranges covering ``range(count)``, taken by the calling
     thread and the helper threads as they come (:func:`.cores.split`); ``work`` releases the GIL
-    (a BLAS call). ``unit_macs``: each unit is a GEMM of that many MACs, and the ranges are
-    :func:`edges`; else :data:`PARTS` even ranges."""
-    if unit_macs:
-        bounds = edges(count, unit_macs)
-    else:
-        parts = max(1, min(PARTS, count))
-        bounds = [count * k // parts for k in range(parts + 1)]
+    (a BLAS call). The ranges are :func:`edges` of units of ``unit_macs`` MACs (0: not
+    GEMMs, :data:`PARTS` even ranges)."""
+    bounds = edges(count, unit_macs)
     cores.split(len(bounds) - 1, lambda k: work(bounds[k], bounds[k + 1]))

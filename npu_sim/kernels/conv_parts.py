@@ -102,7 +102,7 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
     if compute is None or macs + EPILOGUE_WEIGHT * y.size < (SPLIT_WORK if gemm else
                                                               DEPTHWISE_WORK):
         return None
-    edges = blas.edges(m, y.shape[2] * x.shape[1] if gemm else blas.SMALL_GEMM + 1,
+    edges = blas.edges(m, y.shape[2] * x.shape[1] if gemm else 0,
                        ALIGN if gemm else DIRECT_ALIGN if setup else 1)
     if len(edges) < 3:
         return None
