@@ -35,7 +35,6 @@ from firmware_model.upload import drop_resident
 
 from . import binary_layout as L
 from .binary_records import Decoder
-from .crc32_combine import crc32_combine
 from .external_weights import ExternalFiles, ExternalWeightFile, open_external
 from .version import FORMAT_VERSION, READABLE_MAJORS, SDK_VERSION, sdk_major
 
@@ -202,7 +201,7 @@ core the loading thread needed (BERT's load spent 3-7 ms waiting to be scheduled
 _SEGMENT = 448 << 20
 """The most bytes of weight blocks one CRC-32 call checks (but for one block larger than this,
 up to ``L.MAX_BLOCK``, checked alone). A run of blocks is checked by one call and compared with
-the blocks' stored CRC-32s combined (:mod:`ep.npusim.crc32_combine`); a mismatch is then located
+the blocks' stored CRC-32s combined (``L.crc32_combine``, ISA-L's); a mismatch is then located
 block by block, and reported as before.
 
 What a run's check guarantees: CRC-32 has Hamming distance 3 below 2^32 bits (512 MiB), so it
@@ -320,7 +319,7 @@ def _combined(run: list[_Block]) -> int:
     """The CRC-32 of a run of blocks, from their stored CRC-32s."""
     crc = run[0].crc32
     for block in run[1:]:
-        crc = crc32_combine(crc, block.crc32, block.end - block.start)
+        crc = L.crc32_combine(crc, block.crc32, block.end - block.start)
     return crc
 
 

@@ -21,9 +21,7 @@ import pytest
 from ep.errors import InvalidArgument, InvalidGraph
 from ep.npusim import binary_layout as L
 from ep.npusim import binary_reader
-from ep.npusim import crc32_combine as C
 from ep.npusim.binary import ContextBinary, pack_context
-from ep.npusim.crc32_combine import crc32_combine
 from firmware_model import Firmware
 from firmware_model.program import Program, Region, TensorDesc
 from npu_sim.device import Device
@@ -114,38 +112,12 @@ def test_a_block_larger_than_a_run_is_a_run_alone(monkeypatch):
     assert [blocks[2]] in runs
 
 
-def test_the_combine_cache_is_bounded():
-    """``_shift`` is cached per appended length: bounded, whatever lengths a process sees."""
-    for n in range(1, 300):
-        assert crc32_combine(zlib.crc32(b"a"), zlib.crc32(bytes(n)), n) == zlib.crc32(
-            b"a" + bytes(n))
-    assert C._shift.cache_info().maxsize is not None
-    assert C._shift.cache_info().currsize <= C._shift.cache_info().maxsize
-
-
 @pytest.mark.parametrize(("first", "second"), [(0, 7), (7, 0), (1, 1), (4096, 4096 * 3 + 7),
                                                (100, 1 << 20), (1 << 22, 12345)])
 def test_crc32_combine_is_zlibs(first, second):
     rng = np.random.default_rng(first + second)
     a, b = rng.bytes(first), rng.bytes(second)
-    assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
-
-
-def test_multmodp_is_the_product_mod_the_crc_polynomial():
-    """The nibble-wise product against the definition, one bit of ``a`` at a time (zlib's
-    loop): ``b * x`` is a shift right, the polynomial folded in when a bit falls off."""
-    def reference(a: int, b: int) -> int:
-        p = 0
-        for bit in range(32):  # bit 31 of ``a`` is x^0
-            if a >> (31 - bit) & 1:
-                p ^= b
-            b = (b >> 1) ^ 0xEDB88320 if b & 1 else b >> 1
-        return p
-
-    rng = np.random.default_rng(7)
-    pairs = [(int(a), int(b)) for a, b in rng.integers(0, 1 << 32, (2000, 2), dtype=np.uint64)]
-    for a, b in pairs + [(0, 5), (1 << 31, 0xDEADBEEF), (1, 1), (0xFFFFFFFF, 0xFFFFFFFF)]:
-        assert C._multmodp(a, b) == reference(a, b), (a, b)
+    assert L.crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
 
 
 def test_a_deferred_check_reports_a_bad_block_when_waited_for():
