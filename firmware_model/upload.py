@@ -191,11 +191,6 @@ def _upload_runs(spans: dict[int, tuple[int, np.ndarray]], order: list[int],
     """The uploads as ``(HBM offset, host bytes)``: maximal runs of DMA-aligned weights that are
     contiguous (same gaps, each under ``_MAX_GAP``) in one host buffer and in HBM, and each
     unaligned weight alone with its staging window."""
-    if not owners:  # no weight views a shared buffer (given as bytes): each goes alone
-        return [(offset, spans[offset][1]) if not offset % DMA_ALIGNMENT else
-                (offset - offset % DMA_ALIGNMENT,
-                 _staging(spans, order, k, offset - offset % DMA_ALIGNMENT))
-                for k, offset in enumerate(order)]
     out: list[tuple[int, np.ndarray]] = []
     run: list[int] = []  # [HBM start, HBM end, owner id, host address of start, host end]
 
