@@ -370,10 +370,10 @@ class WeightStore:
         placement.ready.clear()
 
     def _forget(self, resident: _Resident) -> None:
-        resident.gone = True
-        if resident in self._unindexed:
+        resident.gone = True  # an _index running (a finalizer's unload within it) skips it
+        if resident in self._unindexed:  # never indexed: nothing more to undo
             self._unindexed.remove(resident)
-        self._index()
+            return
         key = (resident.host_address, resident.nbytes)
         if self._by_host.get(key) is resident:
             del self._by_host[key]
