@@ -114,56 +114,29 @@ class Device:
 
         Faults are the per-copy calls' (the same :class:`DmaFault`; the copies before a
         faulting one are queued) except which one is raised when several things are wrong at
-        the first copy: the chain checks ``dst``, ``after``, the first host array, its offset,
-        in that order; the per-copy calls the host array, ``dst``, the offset, ``after``. With
-        no copies nothing is checked or queued, as no per-copy call is made."""
+        the first copy: the chain checks ``dst`` and ``after`` first. With no copies nothing is
+        checked or queued, as no per-copy call is made."""
         if not copies:
             return []
         self._check_range(dst, 0, 0, "dst")
         deps = self._events(() if after is None else (after,))
-        last = deps[0] if deps else None
-        arrivals: list[simpy.Event] = []
-        # Aligned, non-empty copies are DMA uploads started one after another by the engine
-        # (DmaEngine.upload_chain); the others take the general path, each behind the last.
-        pending: list[tuple[np.ndarray, int, int, bool]] = []
-        host_map, base, room = self.host_map, dst.address, dst.nbytes
+        base, room = dst.address, dst.nbytes
         if all(type(host) is np.ndarray and host.dtype is BYTES and host.ndim == 1
                and host.flags.c_contiguous and type(offset) is int
                and 0 <= offset <= room - host.size and host.size
                and not (base + offset) % DMA_ALIGNMENT for host, offset in copies):
-            # Weights (flat bytes, aligned, in range): all DMA uploads, mapped in one loop,
-            # in the order and with the mappings the loop below would make.
-            mapped = host_map.map_uploads([host for host, _ in copies], share=share)
-            return self._chain([
+            # Weights (flat bytes, aligned, in range): DMA uploads mapped in one loop and
+            # started one after another by the engine (DmaEngine.upload_chain).
+            mapped = self.host_map.map_uploads([host for host, _ in copies], share=share)
+            return self.dma.upload_chain([
                 (root, iova, base + offset, shared)
-                for (root, iova, shared), (_, offset) in zip(mapped, copies, strict=True)], last)
-        try:
-            for host_array, offset in copies:
-                array = self._host_array(host_array, writable=False)
-                if type(offset) is not int or not 0 <= offset <= dst.nbytes - array.nbytes:
-                    offset = self._check_range(dst, offset, array.nbytes, "dst")  # full check
-                if array.nbytes and not (base + offset) % DMA_ALIGNMENT:
-                    iova = host_map.map(array, share=share)
-                    root, shared = host_map.mapping(iova)
-                    pending.append((root, iova, base + offset, shared))
-                    continue
-                if pending:
-                    arrivals += self._chain(pending, last)
-                    last = arrivals[-1]
-                last = self._copy_host(array, base + offset, to_device=True,
-                                       deps=[] if last is None else [last], share=share)
-                arrivals.append(last)
-        finally:  # the copies before a faulting one are queued, as per-copy calls were
-            if pending:
-                arrivals += self._chain(pending, last)
-        return arrivals
-
-    def _chain(self, pending: list[tuple[np.ndarray, int, int, bool]],
-               after: simpy.Event | None) -> list[simpy.Event]:
-        """Start ``pending`` uploads one after another, the first behind ``after``
-        (:meth:`DmaEngine.upload_chain`), and clear it."""
-        arrivals = self.dma.upload_chain(list(pending), after)
-        pending.clear()
+                for (root, iova, shared), (_, offset) in zip(mapped, copies, strict=True)],
+                deps[0] if deps else None)
+        arrivals: list[simpy.Event] = []
+        for host_array, offset in copies:  # anything else: one copy at a time
+            arrivals.append(self.memcpy_h2d_async(dst, host_array, offset, deps=deps,
+                                                  share=share))
+            deps = arrivals[-1:]
         return arrivals
 
     def memcpy_d2h_async(self, host_array: np.ndarray, src: DeviceBuffer, src_offset: int = 0,

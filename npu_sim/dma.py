@@ -104,21 +104,16 @@ class HostMap:
                                        f"{type(array).__name__}"
                                        + ("" if not isinstance(array, np.ndarray)
                                           else " that is not C-contiguous"))
-        iova = self._next
-        self._next += _span(array.nbytes)
-        self._arrays[iova] = array if array.dtype is BYTES and array.ndim == 1 \
+        flat = array if array.dtype is BYTES and array.ndim == 1 \
             else array.reshape(-1).view(np.uint8)  # flat bytes (already, for weights)
-        self._starts.append(iova)  # addresses only grow: the list stays sorted
-        if share and immutable(array):
-            self._shared.add(iova)
-        return iova
+        return self.map_uploads([flat], share=share)[0][1]
 
     def map_uploads(self, arrays: Sequence[np.ndarray], *,
                     share: bool = False) -> list[tuple[np.ndarray, int, bool]]:
         """:meth:`map` each of ``arrays`` in turn, flat C-contiguous ``uint8`` arrays the caller
-        has checked (host bytes to upload); ``(root, iova, shared)`` of each, as :meth:`mapping`
-        gives them. One loop for the firmware's weight streams, which map one array per
-        weight (:meth:`~npu_sim.device.Device.memcpy_h2d_chain`)."""
+        has checked (host bytes to upload); ``(root, iova, shared)`` of each (``shared``: HBM
+        may refer to its bytes). One loop for the firmware's weight streams, which map one array per
+        weight (:meth:`~npu_sim.device.Device.memcpy_h2d_chain`), and :meth:`map`'s work."""
         out: list[tuple[np.ndarray, int, bool]] = []
         arrays_, starts, shared_ = self._arrays, self._starts, self._shared
         iova = self._next
@@ -158,16 +153,6 @@ class HostMap:
         """The mapped host bytes ``[iova, iova + nbytes)`` as a ``uint8`` view."""
         start, offset = self.locate(iova, nbytes)
         return self._arrays[start][offset:offset + nbytes]
-
-    def mapping(self, iova: int) -> tuple[np.ndarray, bool]:
-        """The mapping starting at ``iova``: its flat ``uint8`` array, and whether HBM may refer
-        to its bytes (made with ``share=True`` over immutable bytes); DmaFault if no mapping
-        starts there."""
-        try:
-            return self._arrays[iova], iova in self._shared
-        except KeyError:
-            raise DmaFault(self.scope, f"mapping({iova:#x}): no mapping starts there "
-                                       f"({len(self._starts)} mapped)") from None
 
     def shared_source(self, iova: int, nbytes: int) -> tuple[np.ndarray, int] | None:
         """``(whole mapped array, offset)`` of a range in a shared mapping (``map(share=True)``

@@ -93,24 +93,6 @@ def test_a_chain_of_uploads_only_is_the_per_copy_transfers(share, competing):
     assert want[2]["dma.transfers"] == 1 + competing + 5
 
 
-def test_mapping_uploads_in_one_loop_is_mapping_each():
-    """``HostMap.map_uploads`` gives each array the address, root and sharing ``map`` then
-    ``mapping`` give it."""
-    hosts = host_arrays()
-    for share in (True, False):
-        one, each = Device(SMALL).host_map, Device(SMALL).host_map
-        want = []
-        for host in hosts:
-            iova = each.map(host, share=share)
-            root, shared = each.mapping(iova)
-            want.append((root, iova, shared))
-        got = one.map_uploads(hosts, share=share)
-        assert [(r is w[0], i, s) for (r, i, s), w in zip(got, want, strict=True)] == \
-            [(True, i, s) for _, i, s in want]
-        assert any(s for *_, s in got) == share  # the views of bytes are shared
-        assert one._next == each._next and one._starts == each._starts
-
-
 def test_a_chain_waits_for_each_previous_copy():
     dev = Device(SMALL)
     buf = dev.malloc(64 * 1024)
@@ -188,23 +170,6 @@ def test_an_empty_chain_checks_and_queues_nothing():
     assert chained(dev, buf, [], after=foreign) == per_copy(dev, buf, [], after=foreign) == []
     dev.synchronize()
     assert dev.stats()["dma.transfers"] == 0 and dev.now == 0
-
-
-def test_asking_for_a_mapping_that_does_not_start_there_is_a_dma_fault():
-    """``HostMap.mapping`` (what the chain hands the DMA engine) names the address it was asked
-    for, as ``unmap`` does; a mapping's own start gives its bytes."""
-    dev = Device(SMALL)
-    host = np.arange(64, dtype=np.uint8)
-    iova = dev.map_host(host)
-    root, shared = dev.host_map.mapping(iova)
-    assert bytes(root) == host.tobytes() and not shared
-    for address in (iova + 1, iova + (1 << 40)):
-        with pytest.raises(DmaFault, match=rf"mapping\({address:#x}\): no mapping starts "
-                                           r"there \(1 mapped\)"):
-            dev.host_map.mapping(address)
-    dev.unmap_host(iova)
-    with pytest.raises(DmaFault, match=r"no mapping starts there \(0 mapped\)"):
-        dev.host_map.mapping(iova)
 
 
 def contended(start, sizes, channels, chunk, waiters, free_at, late_after, early=()):
