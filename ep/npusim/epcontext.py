@@ -245,13 +245,13 @@ def _open(info: E.EpContextNode, context: ProviderContext, config: DeviceConfig,
 
 
 def load_programs(fused_nodes: Sequence[FusedNode], context: ProviderContext,
-                  config: DeviceConfig, acquire: Acquire | None = None, *,
-                  defer_weights: bool,
-                  ) -> tuple[list[Program], list[ContextBinary], WeightChecks]:
-    """The program of each EPContext fused node (in order), the binaries opened (keep them
-    alive while the programs' weights are in use), and the weight checks still running: the
-    caller may place the weights meanwhile and must :meth:`~WeightChecks.wait` before the load
-    succeeds (and before reporting any other error: a bad block is reported first). Only with
+                  config: DeviceConfig, checks: WeightChecks, acquire: Acquire | None = None,
+                  *, defer_weights: bool) -> tuple[list[Program], list[ContextBinary]]:
+    """The program of each EPContext fused node (in order) and the binaries opened (keep them
+    alive while the programs' weights are in use); ``checks`` gets the weight checks still
+    running: the caller may place the weights meanwhile and must :meth:`~WeightChecks.wait`
+    before the load succeeds, also when this raises (and before reporting any other error: a
+    bad block is reported first). Only with
     ``defer_weights``: a caller placing on a runtime or device it does not own alone passes
     False, and every binary's weights are verified before this returns (a load that then fails
     would leave its allocations and queued uploads in the shared device). With ``acquire``,
@@ -266,13 +266,7 @@ def load_programs(fused_nodes: Sequence[FusedNode], context: ProviderContext,
     infos = [E.parse_ep_context_node(f.body.node[0]) for f in fused_nodes]
     for info in infos:
         _check_node(info, config)
-    checks = WeightChecks()
-    try:
-        programs, binaries = _load(infos, context, config, acquire, checks, defer_weights)
-    except BaseException:
-        checks.wait()
-        raise
-    return programs, binaries, checks
+    return _load(infos, context, config, acquire, checks, defer_weights)
 
 
 def _load(infos: list[E.EpContextNode], context: ProviderContext, config: DeviceConfig,

@@ -230,20 +230,20 @@ class NpuSimExecutionProvider(ExecutionProvider):
     def compile(self, fused_nodes: Sequence[FusedNode]) -> list[CompiledNode]:
         """Compile and load every fused node; one compiled node each, in order."""
         contexts = [f for f in fused_nodes if npu_epcontext.is_context_fused(f)]
-        loaded: dict[str, Program] = {}
-        checks = npu_epcontext.WeightChecks()
-        if contexts:
-            acquire = workspace().acquire_binary if self.share else None
-            programs, binaries, checks = npu_epcontext.load_programs(
-                contexts, self.context, self.config, acquire,
-                defer_weights=self._private and not self._weight_memory)
-            self._context_binaries.extend(binaries)
-            loaded = {f.name: p for f, p in zip(contexts, programs, strict=True)}
         # On a private runtime a binary's weights are checksummed on a thread while the
         # programs are placed; the load succeeds, or fails for anything else, only once they
         # are verified. On a shared runtime or the caller's device (or memory) they already are.
+        checks = npu_epcontext.WeightChecks()
         before = set(self.nodes)
         try:
+            loaded: dict[str, Program] = {}
+            if contexts:
+                acquire = workspace().acquire_binary if self.share else None
+                programs, binaries = npu_epcontext.load_programs(
+                    contexts, self.context, self.config, checks, acquire,
+                    defer_weights=self._private and not self._weight_memory)
+                self._context_binaries.extend(binaries)
+                loaded = {f.name: p for f, p in zip(contexts, programs, strict=True)}
             compiled = self._compile(fused_nodes, loaded)
             checks.wait()
         except BaseException:

@@ -218,8 +218,8 @@ def test_a_bad_weight_block_fails_the_load_it_was_checked_during(tmp_path: Path)
 
 
 def test_a_bad_block_found_while_another_error_is_handled_is_not_chained_to_it() -> None:
-    """The load reports the bad block instead of the error it was waited for in (load_programs
-    and compile wait inside their ``except``): the block's error does not show that one as the
+    """The load reports the bad block instead of the error it was waited for in (the provider's
+    compile waits inside its ``except``): the block's error does not show that one as the
     exception it happened while handling."""
     data = bytearray(packed(LARGE))
     data[sections(bytes(data))["weights"][1].offset + BLOCK] ^= 1
