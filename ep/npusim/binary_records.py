@@ -240,23 +240,16 @@ class Decoder:
         table = cur.view[cur.pos : cur.pos + n_weights * L.WEIGHT.size]
         cur.pos += len(table)
         weights: dict[int, memoryview] = {}
-        blobs, references, view = self.blobs, self.references, self.weights_view
         for index, source, offset, length in L.WEIGHT.iter_unpack(table):
             if index >= n_tensors or index in weights:
                 raise InvalidGraph(
                     f"{cur.where}: weight tensor index {index} is out of range [0, {n_tensors}) "
                     "or repeated"
                 )
-            if source == 0 and not offset % L.WEIGHT_ALIGN and offset + length <= len(view):
-                blobs.add((0, offset, length))  # what blob() does, without its label
-                references.append(length)
-                weights[index] = view[offset : offset + length]
-                continue
-            where = f"{cur.where}, weight of tensor {index}"
             if source == 0:
-                weights[index] = self.blob(offset, length, where)
+                weights[index] = self.blob(offset, length, cur.where, index)
             else:
-                weights[index] = self.external_blob(source, offset, length, where)
+                weights[index] = self.external_blob(source, offset, length, cur.where, index)
                 self.sources.setdefault(name, {})[index] = source - 1
         cur.need(n_launches * L.LAUNCH.size, f"{n_launches} launches")
         launches = self.launches(cur, n_launches, n_tensors)
@@ -268,25 +261,30 @@ class Decoder:
             hardware_architecture=self.string(arch_id, cur.where),
         )
 
-    def blob(self, offset: int, length: int, where: str) -> memoryview:
+    def blob(self, offset: int, length: int, where: str, index: int) -> memoryview:
+        """Weight of tensor ``index`` in the weights section (``where``: the program's label,
+        completed only when the blob is wrong)."""
         if offset % L.WEIGHT_ALIGN or offset + length > len(self.weights_view):
             raise InvalidGraph(
-                f"{where}: blob at {offset} with length {length} must start at a multiple of "
-                f"{L.WEIGHT_ALIGN} and end by {len(self.weights_view)} (weights section size)"
+                f"{where}, weight of tensor {index}: blob at {offset} with length {length} "
+                f"must start at a multiple of {L.WEIGHT_ALIGN} and end by "
+                f"{len(self.weights_view)} (weights section size)"
             )
         self.blobs.add((0, offset, length))
         self.references.append(length)
         return self.weights_view[offset : offset + length]
 
-    def external_blob(self, source: int, offset: int, length: int, where: str) -> memoryview:
-        """Weight in external file entry ``source - 1``; offset and length must be the entry's."""
+    def external_blob(self, source: int, offset: int, length: int, where: str,
+                      index: int) -> memoryview:
+        """Weight of tensor ``index`` in external file entry ``source - 1``; offset and length
+        must be the entry's."""
         refs = self.external_refs_cache
         if not 1 <= source <= len(refs) or (refs[source - 1].offset, refs[source - 1].length) \
                 != (offset, length):
             raise InvalidGraph(
-                f"{where}: source {source} at {offset} with length {length} names no external "
-                f"weight; expected 0 (weights section) or an entry in [1, {len(refs)}] with the "
-                "entry's offset and length")
+                f"{where}, weight of tensor {index}: source {source} at {offset} with length "
+                f"{length} names no external weight; expected 0 (weights section) or an entry "
+                f"in [1, {len(refs)}] with the entry's offset and length")
         self.blobs.add((source, offset, length))
         self.references.append(length)
         return self.external[source - 1]
