@@ -14,7 +14,7 @@ name           params                      function
 Relu           ()                          max(x, 0)
 LeakyRelu      (alpha=0.01,)               x if x >= 0 else alpha * x
 Clip           (min=-inf, max=+inf)        min(max(x, min), max)
-Sigmoid        ()                          1 / (1 + exp(-x))
+Sigmoid        ()                          1 / (1 + exp(-x)), as onnxruntime (.logistic)
 HardSigmoid    (alpha=0.2, beta=0.5)       max(0, min(1, alpha * x + beta))
 HardSwish      ()                          x * max(0, min(1, x / 6 + 0.5))
 Tanh           ()                          tanh(x)
@@ -40,6 +40,7 @@ import numpy as np
 from numba import njit
 
 from ..errors import KernelError
+from .logistic import sigmoid
 from .registry import kernel
 
 HALF_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -112,14 +113,6 @@ def _leaky_relu(x, out, alpha):  # pragma: no cover - numba
 
 
 @njit(cache=True, error_model="numpy")
-def _sigmoid_finish(x, e):  # pragma: no cover - numba
-    # e = exp(-|x|) <= 1, so neither branch overflows.
-    for i in range(x.size):
-        inv = 1 / (1 + e[i])
-        e[i] = inv if x[i] >= 0 else e[i] * inv
-
-
-@njit(cache=True, error_model="numpy")
 def _hard_sigmoid(x, out, alpha, beta):  # pragma: no cover - numba
     for i in range(x.size):
         v = alpha * x[i] + beta
@@ -181,11 +174,6 @@ def _minus_scaled_square(scale: float) -> Callable[[np.ndarray, np.ndarray], Non
     return fill
 
 
-def _minus_abs(x: np.ndarray, e: np.ndarray) -> None:
-    np.abs(x, out=e)
-    np.negative(e, out=e)
-
-
 @njit(cache=True, error_model="numpy")
 def _gelu_tanh_arg(x, e):  # pragma: no cover - numba
     for i in range(x.size):
@@ -221,7 +209,7 @@ _ACTIVATIONS: dict[str, tuple[tuple[float, ...], _Builder]] = {
     "LeakyRelu": ((0.01,), lambda p: _flat_loop(_leaky_relu, p[0])),
     "Clip": ((-math.inf, math.inf),
              lambda p: lambda x, out: np.clip(x, p[0], p[1], out=out)),
-    "Sigmoid": ((), lambda p: _with_exp(_minus_abs, _sigmoid_finish)),
+    "Sigmoid": ((), lambda p: sigmoid),
     "HardSigmoid": ((0.2, 0.5), lambda p: _flat_loop(_hard_sigmoid, p[0], p[1])),
     "HardSwish": ((), lambda p: _flat_loop(_hard_swish)),
     "Tanh": ((), lambda p: _tanh),

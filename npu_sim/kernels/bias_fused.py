@@ -7,8 +7,8 @@ the GEMM's 90 us. :func:`fused_bias_loop` does both in one numba loop per channe
 element gets the same float32 operations in the same order as the separate passes (the float32
 bias add, then the Relu select, or the gate computed as in
 :func:`npu_sim.kernels.epilogue.apply_epilogue`'s loop and rounded to float32 before the
-multiply), so the values are the same bits. A SiLU gate (EfficientNet) takes the bias in the
-first of its three passes (:func:`npu_sim.kernels.epilogue.bias_silu`).
+multiply), so the values are the same bits. A SiLU gate (EfficientNet) takes the bias in its
+one loop too (:func:`npu_sim.kernels.logistic.bias_silu32`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from numba import njit
 
 from ..epilogue import decode
 from .activations import full_params
+from .logistic import bias_silu32
 
 FusedLoop = Callable[[np.ndarray, np.ndarray], bool]
 
@@ -69,9 +70,7 @@ def fused_bias_loop(op: str, attrs: Mapping[str, Any]) -> FusedLoop | None:
         alpha, beta = full_params("HardSigmoid", steps[0].params)
         return _checked(lambda rows, bias: _bias_hard_sigmoid_gate(rows, bias, alpha, beta))
     if steps[0].op == "Sigmoid":
-        from .epilogue import bias_silu  # lazy: .epilogue imports .conv, which imports this
-
-        return _checked(bias_silu)
+        return _checked(bias_silu32)
     return None
 
 

@@ -123,6 +123,22 @@ def test_hard_sigmoid_propagates_nan_like_onnxruntime():
     assert np.isnan(out[0][0, 0]) and _assignment(model)[0] == NPU
 
 
+def test_sign_of_a_saturated_sigmoid_gives_onnxruntimes_result():
+    """onnxruntime's Sigmoid is exactly 0 below about -17.6 (MLAS clamps the input to
+    [-18, 18]); 1 / (1 + exp(-x)) was 1.3e-33 at -75.7, and the Sign after it gave 1, not 0
+    (found by the kit's property test under random examples)."""
+    graph = helper.make_graph(
+        [helper.make_node("Sigmoid", ["x"], ["s"], name="n"),
+         helper.make_node("Sign", ["s"], ["y"], name="sign")],
+        "g", [helper.make_tensor_value_info("x", F, (4, 32))],
+        [helper.make_tensor_value_info("y", F, (4, 32))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    assert _assignment(model)[0] == NPU
+    x = np.linspace(-2325.0, 30.0, 128, dtype=np.float32).reshape(4, 32)
+    x[0, :8] = [-75.70152, -18.0, -17.6, -17.5, -17.0, -16.0, -1e-30, 0.0]
+    assert assert_matches_onnxruntime(model, {"x": x}, rtol=0, atol=0) is not None
+
+
 @pytest.mark.parametrize("shapes", [[(2, 3), (2, 3)], [(2, 3), (4,)]])
 def test_sequence_feeds_reach_onnxruntime_as_sequences(shapes):
     # numpy turned equal-shape lists into one tensor (refused) and unequal ones into a raw
