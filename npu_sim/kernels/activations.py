@@ -14,19 +14,20 @@ name           params                      function
 Relu           ()                          max(x, 0)
 LeakyRelu      (alpha=0.01,)               x if x >= 0 else alpha * x
 Clip           (min=-inf, max=+inf)        min(max(x, min), max)
-Sigmoid        ()                          1 / (1 + exp(-x)), as onnxruntime (.logistic)
+Sigmoid        ()                          1 / (1 + exp(-x)), as onnxruntime (.mlas)
 HardSigmoid    (alpha=0.2, beta=0.5)       max(0, min(1, alpha * x + beta))
 HardSwish      ()                          x * max(0, min(1, x / 6 + 0.5))
-Tanh           ()                          tanh(x)
+Tanh           ()                          tanh(x), as onnxruntime (.mlas)
 Gelu           (approximate=0.0,)          0.0: exact, x/2 (1 + erf(x / sqrt 2));
-                                           1.0: ONNX approximate="tanh"
+                                           1.0: ONNX approximate="tanh"; both as onnxruntime
 =============  ==========================  ===========================================
 
 Half-precision inputs (float16, bfloat16) are computed in float32 and rounded once to the input
 dtype. Relu and Clip also take integer tensors, as ONNX allows. ``Erf`` is registered here too
-(it shares Gelu's code) but is not an activation a producer fuses. erf is a vectorisable
-approximation (onnxruntime's MLAS approximates it too): absolute error below 2.5e-7, relative
-error below 1e-6 for |x| < 0.5.
+(it shares Gelu's code) but is not an activation a producer fuses. float32 Sigmoid, Tanh, Erf
+and Gelu are onnxruntime's own approximations, to the bit (:mod:`.mlas`); float64, which
+onnxruntime's CPU provider computes for Sigmoid and Tanh only, uses exp and a vectorisable erf
+(absolute error below 2.5e-7, relative error below 1e-6 for |x| < 0.5).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import numpy as np
 from numba import njit
 
 from ..errors import KernelError
-from .logistic import sigmoid
+from .mlas import erf_loop32, gelu32, gelu_tanh32, sigmoid, tanh
 from .registry import kernel
 
 HALF_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -195,8 +196,18 @@ def _flat_loop(loop: Callable[..., None], *params: float) -> Callable[..., None]
     return run
 
 
-def _tanh(x: np.ndarray, out: np.ndarray) -> None:
-    np.tanh(x, out=out)
+def _float32_as_onnxruntime(mlas_loop: Callable[[np.ndarray, np.ndarray], None],
+                            other: Callable[[np.ndarray, np.ndarray], None],
+                            ) -> Callable[[np.ndarray, np.ndarray], None]:
+    """float32 by ``mlas_loop`` (onnxruntime's kernel, .mlas); float64, which onnxruntime's
+    CPU provider has no kernel for, by ``other``."""
+    def run(x: np.ndarray, out: np.ndarray) -> None:
+        if x.dtype == np.float32:
+            mlas_loop(x.reshape(-1), out.reshape(-1))
+        else:
+            other(x, out)
+
+    return run
 
 
 _SQRT_HALF = 0.7071067811865476
@@ -212,10 +223,13 @@ _ACTIVATIONS: dict[str, tuple[tuple[float, ...], _Builder]] = {
     "Sigmoid": ((), lambda p: sigmoid),
     "HardSigmoid": ((0.2, 0.5), lambda p: _flat_loop(_hard_sigmoid, p[0], p[1])),
     "HardSwish": ((), lambda p: _flat_loop(_hard_swish)),
-    "Tanh": ((), lambda p: _tanh),
-    "Gelu": ((0.0,), lambda p: _with_exp(_flat_loop(_gelu_tanh_arg), _gelu_tanh_finish) if p[0]
-             else _with_exp(_minus_scaled_square(_SQRT_HALF), _erf_finish, _SQRT_HALF, True)),
-    "Erf": ((), lambda p: _with_exp(_minus_scaled_square(1.0), _erf_finish, 1.0, False)),
+    "Tanh": ((), lambda p: tanh),
+    "Gelu": ((0.0,), lambda p: _float32_as_onnxruntime(
+        gelu_tanh32, _with_exp(_flat_loop(_gelu_tanh_arg), _gelu_tanh_finish)) if p[0]
+        else _float32_as_onnxruntime(gelu32, _with_exp(_minus_scaled_square(_SQRT_HALF),
+                                                       _erf_finish, _SQRT_HALF, True))),
+    "Erf": ((), lambda p: _float32_as_onnxruntime(
+        erf_loop32, _with_exp(_minus_scaled_square(1.0), _erf_finish, 1.0, False))),
 }
 
 # Activations a producer may fuse (Erf is a plain math function, not an activation).

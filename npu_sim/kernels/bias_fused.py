@@ -8,7 +8,7 @@ element gets the same float32 operations in the same order as the separate passe
 bias add, then the Relu select, or the gate computed as in
 :func:`npu_sim.kernels.epilogue.apply_epilogue`'s loop and rounded to float32 before the
 multiply), so the values are the same bits. A SiLU gate (EfficientNet) takes the bias in its
-one loop too (:func:`npu_sim.kernels.logistic.bias_silu32`).
+one loop too (:func:`npu_sim.kernels.mlas.bias_silu32`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from numba import njit
 
 from ..epilogue import decode
 from .activations import full_params
-from .logistic import bias_silu32
+from .mlas import bias_silu32
 
 FusedLoop = Callable[[np.ndarray, np.ndarray], bool]
 

@@ -7,7 +7,7 @@ kernel does, in float32 and in the same order, so the fused launch gives the unf
 an activation through :func:`~.activations.apply_activation`, a gate as the activation into a
 temporary and one multiply, a binary step as one numpy ufunc with broadcasting. The gates of
 float32 outputs run fused loops that round the gate to float32 before the multiply, as the two
-kernels do: hard-sigmoid (hard-swish as torch exports it) and sigmoid (SiLU, :mod:`.logistic`)
+kernels do: hard-sigmoid (hard-swish as torch exports it) and sigmoid (SiLU, :mod:`.mlas`)
 each in one numba loop.
 """
 
@@ -23,7 +23,7 @@ from ..epilogue import Step, decode
 from ..errors import KernelError
 from .activations import apply_activation, full_params
 from .gemm import broadcasts_to
-from .logistic import silu32
+from .mlas import silu32
 
 UFUNCS = {"Add": np.add, "Mul": np.multiply}
 """The binary epilogue steps' ufuncs."""

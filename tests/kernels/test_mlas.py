@@ -1,24 +1,32 @@
-"""Sigmoid and the SiLU gate give onnxruntime's bits (MLAS's logistic), saturation included."""
+"""Sigmoid, Tanh, Erf, Gelu and the SiLU gate give onnxruntime's bits (MLAS's functions),
+saturation included, compared with the installed onnxruntime."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper
 from ortref import run_ort
 
-from npu_sim.kernels.activations import apply_activation
-from npu_sim.kernels.logistic import bias_silu32, silu32
+from npu_sim.kernels.activations import activation_params, apply_activation
+from npu_sim.kernels.mlas import bias_silu32, silu32
+
+# op, attributes, opset
+FUNCTIONS = [("Sigmoid", {}, 17), ("Tanh", {}, 17), ("Erf", {}, 17), ("Gelu", {}, 20),
+             ("Gelu", {"approximate": "tanh"}, 20)]
+IDS = ["Sigmoid", "Tanh", "Erf", "Gelu", "Gelu-tanh"]
 
 
 def _edges() -> np.ndarray:
-    """Every float32 within 64 ulps of the clamps and of where MLAS's result reaches 0 and 1,
-    the specials, and a wide normal sample."""
+    """Every float32 within 64 ulps of MLAS's clamps, its branch point and where its results
+    reach 0 and +-1, the specials, and a wide normal sample."""
     near = []
-    for point in np.array([-18, 18, -17.6, 17, -17.5, 16.6, 0], np.float32):
+    points = [-18, 18, 15.8, -9, 9, 8.04, -8.04, 0.921875, -0.921875, 3.92, -5.54, 0]
+    for point in np.array(points, np.float32):
         for direction in (np.float32(np.inf), np.float32(-np.inf)):
             value = point
             for _ in range(64):
@@ -30,15 +38,21 @@ def _edges() -> np.ndarray:
     return np.concatenate([np.array(near + specials, np.float32), sample.astype(np.float32)])
 
 
-def test_float32_sigmoid_is_onnxruntimes_bits():
+def _ours(op: str, attrs: dict, x: np.ndarray) -> np.ndarray:
+    return apply_activation(x, op, activation_params(op, attrs))
+
+
+@pytest.mark.parametrize(("op", "attrs", "opset"), FUNCTIONS, ids=IDS)
+def test_float32_functions_are_onnxruntimes_bits(op, attrs, opset):
     x = _edges()
-    np.testing.assert_array_equal(apply_activation(x, "Sigmoid"), run_ort("Sigmoid", [x])[0])
+    np.testing.assert_array_equal(_ours(op, attrs, x), run_ort(op, [x], attrs, opset=opset)[0])
 
 
-@settings(max_examples=60)
-@given(hnp.arrays(np.float32, st.integers(1, 40), elements=st.floats(width=32)))
-def test_any_float32_sigmoid_is_onnxruntimes_bits(x):
-    np.testing.assert_array_equal(apply_activation(x, "Sigmoid"), run_ort("Sigmoid", [x])[0])
+@pytest.mark.parametrize(("op", "attrs", "opset"), FUNCTIONS, ids=IDS)
+@settings(max_examples=25)
+@given(x=hnp.arrays(np.float32, st.integers(1, 40), elements=st.floats(width=32)))
+def test_any_float32_input_gives_onnxruntimes_bits(op, attrs, opset, x):
+    np.testing.assert_array_equal(_ours(op, attrs, x), run_ort(op, [x], attrs, opset=opset)[0])
 
 
 def test_float32_sigmoid_saturates_where_onnxruntime_does():
@@ -53,8 +67,14 @@ def test_float64_sigmoid_is_onnxruntimes_formula():
     x = _edges().astype(np.float64)
     x = np.concatenate([x, np.linspace(-800, 800, 20_001)])
     got, want = apply_activation(x, "Sigmoid"), run_ort("Sigmoid", [x])[0]
-    np.testing.assert_array_equal(got == 0, want == 0)  # 1 - 1/(1+e) is exactly 0 below -37.4
+    np.testing.assert_array_equal(got == 0, want == 0)  # 1 - 1/(1+e) is exactly 0 below -36.74
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)  # exp: numpy's against Eigen's
+
+
+def test_float64_tanh_is_numpys_within_1e15_of_onnxruntimes():
+    x = np.concatenate([_edges().astype(np.float64), np.linspace(-30, 30, 20_001)])
+    np.testing.assert_allclose(apply_activation(x, "Tanh"), run_ort("Tanh", [x])[0],
+                               rtol=1e-15, atol=0)
 
 
 def test_float64_sigmoid_in_place_reads_the_signs_first():

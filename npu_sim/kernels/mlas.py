@@ -1,0 +1,243 @@
+"""Elementwise functions computed as onnxruntime's MLAS computes them, to the bit.
+
+onnxruntime's CPU kernels of float32 Sigmoid, Tanh, Erf and Gelu call MLAS, which approximates
+them with rational functions and polynomials (Eigen's coefficients for the first two):
+
+- the logistic, ``MlasComputeLogistic``: the input clamped to [-18, 18], p / q of degrees 9 and
+  10, plus 1/2, clamped to [0, 1];
+- tanh, ``MlasComputeTanh``: the input clamped to [-9, 9], p / q of degrees 13 and 6, not
+  clamped after;
+- erf, ``MlasComputeErf``: a polynomial below |x| = 0.921875, else 1 - exp(-polynomial) with
+  MLAS's own exp;
+- Gelu: ``x / sqrt 2``, erf, then ``0.5 x (erf + 1)``; with ``approximate="tanh"``,
+  ``x (C x x + B)``, tanh, then the same.
+
+On x86-64 MLAS runs FMA3 kernels, each multiply-add one fused operation. The functions here do
+the same operations in the same order, each multiply-add as LLVM's ``fma`` intrinsic (one
+rounding; vectorised as the loops are), and give onnxruntime's bits
+(``tests/kernels/test_mlas.py`` compares with the installed onnxruntime, and would see a release
+that changed them).
+
+Where they saturate differs from the exact functions: the logistic is exactly 0 from -18 down and
+exactly 1 from about 15.8 up, where ``1 / (1 + exp(-x))`` gives a tiny positive number (1.3e-33
+at -75.7) or 1 - 2^-24; tanh is exactly +-1 from about 8.04 (numpy's from 10) and reaches
+1.0000002; Gelu is exactly -0 below about -5.54. A Sign, a comparison or a Log downstream sees
+such a difference however small it is.
+
+float64 Sigmoid is onnxruntime's Eigen expression: ``1 / (1 + exp(-|x|))`` for x >= 0, and 1
+minus that for x < 0 (exactly 0 from about -36.74 down); float64 Tanh is numpy's, within 1e-15
+(relative) of onnxruntime's Eigen tanh.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+# MlasLogisticConstants.
+_LOWER, _UPPER = np.float32(-18.0), np.float32(18.0)
+_A9, _A7, _A5, _A3, _A1 = (np.float32(c) for c in (
+    4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05, 8.51377133304701e-03,
+    2.48287947061529e-01))
+_B10, _B8, _B6, _B4, _B2, _B0 = (np.float32(c) for c in (
+    6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017040e-06, 1.70198817374094e-03,
+    1.16817656904453e-01, 9.93151921023180e-01))
+# MlasTanhConstants.
+_T_LOWER, _T_UPPER = np.float32(-9.0), np.float32(9.0)
+_TA13, _TA11, _TA9, _TA7, _TA5, _TA3, _TA1 = (np.float32(c) for c in (
+    -2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,
+    1.48572235717979e-05, 6.37261928875436e-04, 4.89352455891786e-03))
+_TB6, _TB4, _TB2, _TB0 = (np.float32(c) for c in (
+    1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03))
+# MlasErfConstants.
+_E_SPLIT = np.float32(0.921875)
+_ES0, _ES1, _ES2, _ES3, _ES4, _ES5M1 = (np.float32(c) for c in (
+    -5.99104969e-4, 4.99339588e-3, -2.67667342e-2, 1.12818025e-1, -3.76124859e-1,
+    1.28379151e-1))
+_EB0, _EB1, _EB2, _EB3, _EB4, _EB5, _EB6M1 = (np.float32(c) for c in (
+    1.72948930e-5, -3.83208680e-4, 3.88393435e-3, -2.42545605e-2, 1.06777847e-1,
+    6.34846687e-1, 1.28717512e-1))
+_EXP_LOWER, _LOG2E, _LN2_HI, _LN2_LO, _EXP_C = (np.float32(c) for c in (
+    -88.3762626647949, 1.44269504088896341, -6.93145752e-1, -1.42860677e-6, 1.25829120e+7))
+_EP0, _EP1, _EP2, _EP3, _EP4, _EP5, _EP6 = (np.float32(c) for c in (
+    1.38319808e-3, 8.37550033e-3, 4.16689515e-2, 1.66664466e-1, 4.99999851e-1, 1.0, 1.0))
+_SQRT1_2 = np.float32(0.7071067811865476)
+# onnxruntime's Gelu (approximate="tanh"): sqrt(2 / pi) and 0.044715 sqrt(2 / pi), as float.
+_GELU_B, _GELU_C = np.float32(0.7978845608028654), np.float32(0.035677408136300125)
+_HALF, _ZERO, _ONE = np.float32(0.5), np.float32(0.0), np.float32(1.0)
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """float32 ``a * b + c`` rounded once (LLVM's ``llvm.fma.f32``)."""
+    if (a, b, c) != (types.float32,) * 3:
+        return None
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        fma = builder.module.declare_intrinsic("llvm.fma", [f32], ir.FunctionType(f32, [f32] * 3))
+        return builder.call(fma, args)
+
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+@intrinsic
+def _power_of_two(typingctx, k):
+    """float32 ``2 ** k`` for an int32 ``k`` in [-126, 127], as MLAS builds it: ``k + 127`` in
+    the exponent bits."""
+    if k != types.int32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        bits = builder.shl(builder.add(args[0], ir.Constant(i32, 127)), ir.Constant(i32, 23))
+        return builder.bitcast(bits, ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
+@njit(inline="always")
+def logistic32(v):  # pragma: no cover - numba
+    """MLAS's logistic of one float32 value (see the module docstring); NaN gives NaN."""
+    v = _LOWER if v < _LOWER else v  # comparisons with NaN are false: NaN goes through
+    v = _UPPER if v > _UPPER else v
+    v2 = v * v
+    p = _fma(_fma(_fma(_fma(v2, _A9, _A7), v2, _A5), v2, _A3), v2, _A1) * v
+    q = _fma(_fma(_fma(_fma(_fma(v2, _B10, _B8), v2, _B6), v2, _B4), v2, _B2), v2, _B0)
+    r = p / q + _HALF
+    r = _ZERO if r < _ZERO else r
+    return _ONE if r > _ONE else r
+
+
+@njit(inline="always")
+def tanh32(v):  # pragma: no cover - numba
+    """MLAS's tanh of one float32 value (see the module docstring); NaN gives NaN."""
+    v = _T_LOWER if v < _T_LOWER else v
+    v = _T_UPPER if v > _T_UPPER else v
+    v2 = v * v
+    p = _fma(_fma(_fma(_fma(_fma(_fma(v2, _TA13, _TA11), v2, _TA9), v2, _TA7), v2, _TA5), v2,
+                  _TA3), v2, _TA1) * v
+    q = _fma(_fma(_fma(v2, _TB6, _TB4), v2, _TB2), v2, _TB0)
+    return p / q
+
+
+@njit(inline="always")
+def erf32(x):  # pragma: no cover - numba
+    """MLAS's erf of one float32 value: a polynomial of |x| below 0.921875, else 1 - exp of
+    minus a polynomial, with MLAS's own exp (2^k by an integer k, times a polynomial of the
+    rest); then x's sign. MLAS's table has an upper range of 3.725 that the installed
+    onnxruntime does not apply (its results above 3.725 vary with x), and neither does this."""
+    a = abs(x)
+    # Both branches are computed and one kept, as MLAS's vector kernel does: the loop vectorises.
+    s = a * a
+    small = _fma(_fma(_fma(_fma(_fma(_ES0, s, _ES1), s, _ES2), s, _ES3), s, _ES4), s, _ES5M1)
+    small = _fma(small, a, a)
+    r = _fma(_fma(_fma(_fma(_fma(_fma(_EB0, a, _EB1), a, _EB2), a, _EB3), a, _EB4), a, _EB5), a,
+             _EB6M1)
+    e = -_fma(r, a, a)
+    e = _EXP_LOWER if e < _EXP_LOWER else e  # NaN goes through
+    k = _fma(_LOG2E, e, _EXP_C) - _EXP_C  # e / ln 2 rounded to an integer, exactly
+    f = _fma(k, _LN2_LO, _fma(_LN2_HI, k, e))
+    y = _fma(_fma(_fma(_fma(_fma(_fma(_EP0, f, _EP1), f, _EP2), f, _EP3), f, _EP4), f, _EP5), f,
+             _EP6)
+    # k >= -128; below -126 2^k * y is under 1e-38, and 1 minus it is 1 either way (NaN: any k)
+    k = k if k > -126.0 else np.float32(-126.0)
+    big = _ONE - y * _power_of_two(np.int32(k))
+    return math.copysign(small if a < _E_SPLIT else big, x)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def erf_loop32(x, out):  # pragma: no cover - numba
+    """``out = erf(x)`` for flat float32 arrays (``out`` may be ``x``)."""
+    for i in range(x.size):
+        out[i] = erf32(x[i])
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def gelu32(x, out):  # pragma: no cover - numba
+    """onnxruntime's Gelu (exact, with MLAS's erf) for flat float32 arrays: ``x * sqrt(1/2)``,
+    MLAS's erf of it, then ``0.5 x (erf + 1)``, each in float32 and in that order."""
+    for i in range(x.size):
+        v = x[i]
+        out[i] = _HALF * v * (erf32(v * _SQRT1_2) + _ONE)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def tanh_loop32(x, out):  # pragma: no cover - numba
+    """``out = tanh(x)`` for flat float32 arrays (``out`` may be ``x``)."""
+    for i in range(x.size):
+        out[i] = tanh32(x[i])
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def gelu_tanh32(x, out):  # pragma: no cover - numba
+    """onnxruntime's Gelu with ``approximate="tanh"`` for flat float32 arrays: its three
+    loops, fused: ``t = x (C x x + B)`` (a multiply and an add, as its plain C++ loop), MLAS's
+    tanh of ``t``, then ``0.5 x (t + 1)``, each in float32 and in that order."""
+    for i in range(x.size):
+        v = x[i]
+        out[i] = _HALF * v * (tanh32(v * (_GELU_C * v * v + _GELU_B)) + _ONE)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def sigmoid32(x, out):  # pragma: no cover - numba
+    """``out = sigmoid(x)`` for flat float32 arrays (``out`` may be ``x``)."""
+    for i in range(x.size):
+        out[i] = logistic32(x[i])
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def silu32(y):  # pragma: no cover - numba
+    """``y *= sigmoid(y)`` in place for a flat float32 array: the Sigmoid kernel's float32
+    value, then the multiply, as the two nodes (or onnxruntime's QuickGelu) compute it."""
+    for i in range(y.size):
+        v = y[i]
+        y[i] = v * logistic32(v)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def bias_silu32(y, b):  # pragma: no cover - numba
+    """``y`` (N, M, P) float32 plus ``b[m]`` (float32, as numpy's add), then times its
+    sigmoid, in place: :func:`silu32` with the bias add folded in."""
+    for n in range(y.shape[0]):
+        for m in range(y.shape[1]):
+            row = y[n, m]
+            bias = b[m]
+            for p in range(row.size):
+                v = row[p] + bias
+                row[p] = v * logistic32(v)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _sigmoid64_finish(x, e):  # pragma: no cover - numba
+    # e = exp(-|x|) <= 1 on entry; onnxruntime's select of 1 / (1 + e) and 1 - 1 / (1 + e).
+    for i in range(x.size):
+        inv = 1 / (1 + e[i])
+        e[i] = inv if x[i] >= 0 else 1 - inv
+
+
+def tanh(x: np.ndarray, out: np.ndarray) -> None:
+    """``out = tanh(x)`` for C-contiguous float32 (MLAS's) or float64 (numpy's) arrays."""
+    if x.dtype == np.float32:
+        tanh_loop32(x.reshape(-1), out.reshape(-1))
+    else:
+        np.tanh(x, out=out)
+
+
+def sigmoid(x: np.ndarray, out: np.ndarray) -> None:
+    """``out = sigmoid(x)`` for C-contiguous float32 or float64 arrays of one shape and dtype
+    (``out`` may be ``x``): float32 by :func:`logistic32`, float64 by onnxruntime's formula."""
+    flat, dest = x.reshape(-1), out.reshape(-1)
+    if x.dtype == np.float32:
+        sigmoid32(flat, dest)
+        return
+    e = np.empty_like(flat) if np.may_share_memory(x, out) else dest  # x's signs are read last
+    np.negative(np.abs(flat, out=e), out=e)
+    np.exp(e, out=e)
+    _sigmoid64_finish(flat, e)
+    if e is not dest:
+        np.copyto(dest, e)
