@@ -17,7 +17,10 @@ from npu_sim.kernels.conv import add_bias
 from npu_sim.kernels.gemm import finish
 
 SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 3.0, -3.0, 1e30, -1e30]
-FUSED = [{"activation": "Relu"}, encode([Step("HardSigmoid", gate=True, params=(1 / 6, 0.5))]),
+FUSED = [{"activation": "Relu"}, {"activation": "Sigmoid"}, {"activation": "HardSigmoid"},
+         {"activation": "HardSigmoid", "activation_params": (1 / 6, 0.5)},
+         {"activation": "HardSigmoid", "activation_params": (0.3,)},
+         encode([Step("HardSigmoid", gate=True, params=(1 / 6, 0.5))]),
          encode([Step("HardSigmoid", gate=True)]), encode([Step("Sigmoid", gate=True)])]
 
 
@@ -40,6 +43,7 @@ def test_fused_pass_gives_the_separate_passes_bits(shape, attrs, seed):
 @pytest.mark.parametrize("attrs", [
     {},  # nothing to fuse
     {"activation": "Clip", "activation_params": (0.0, 6.0)},
+    {"activation": "Tanh"},
     {"activation": "Relu", **encode([Step("HardSigmoid", gate=True)])},
     encode([Step("Sigmoid", gate=True), Step("Relu")]),
     encode([Step("Add", operand=1)]),

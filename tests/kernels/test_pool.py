@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from kernels import FLOATS, check_against_ort, random_array, run_kernel, seeds
 from npu_sim.errors import KernelError
+from npu_sim.kernels.registry import lookup
 
 
 @st.composite
@@ -103,6 +104,20 @@ def test_average_pool_dilations_match_ort():
        dtype=st.sampled_from(FLOATS))
 def test_global_pools_match_ort(op, spatial, seed, dtype):
     check_against_ort(op, [random_array(seed, (2, 3, *spatial), dtype)])
+
+
+@settings(max_examples=30, deadline=None)
+@given(spatial=st.lists(st.integers(1, 40), min_size=1, max_size=3), seed=seeds,
+       scale=st.sampled_from([1e-3, 1.0, 100.0]))
+def test_global_average_pool_is_np_means_arithmetic_written_into_the_output(spatial, seed, scale):
+    """The kernel sums and divides as ``np.mean`` does (same bits), into ``out`` when given."""
+    x = random_array(seed, (2, 5, *spatial), np.float32) * np.float32(scale)
+    want = x.mean(axis=tuple(range(2, x.ndim)), keepdims=True, dtype=np.float32)
+    out = np.empty(want.shape, np.float32)
+    got = lookup("GlobalAveragePool").values([x], {}, out=[out])
+    assert got[0] is out
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(run_kernel("GlobalAveragePool", [x], {})[0], want)
 
 
 @settings(max_examples=25, deadline=None)
