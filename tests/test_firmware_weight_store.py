@@ -73,6 +73,7 @@ def test_unloading_in_any_order_frees_each_weight_with_its_last_user(order, kind
               for k, kind in enumerate(kinds)]
     distinct = {id(arr) for kind in kinds for arr in arrays[kind] if arr is not None}
     assert fw.stats()["hbm.weights.bytes"] == NB * len(distinct)
+    assert fw.stats()["hbm.weights.references"] == sum(len(kind) for kind in kinds)
     for k in order:
         expected = np.asarray(X + arrays[kinds[k]][0])
         np.testing.assert_array_equal(loaded[k].run([X])[0], expected)
@@ -80,6 +81,7 @@ def test_unloading_in_any_order_frees_each_weight_with_its_last_user(order, kind
         alive = [kinds[j] for j in range(3) if loaded[j].loaded]
         resident = {id(a) for kind in alive for a in arrays[kind] if a is not None}
         assert fw.stats()["hbm.weights.bytes"] == NB * len(resident)
+        assert fw.stats()["hbm.weights.references"] == sum(len(kind) for kind in alive)
     assert dev.hbm.stats()["hbm.bytes_in_use"] == 0
 
 
