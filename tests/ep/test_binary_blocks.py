@@ -20,7 +20,7 @@ import pytest
 
 from ep.errors import InvalidArgument, InvalidGraph
 from ep.npusim import binary_layout as L
-from ep.npusim import binary_reader
+from ep.npusim import weight_checks
 from ep.npusim.binary import ContextBinary, pack_context
 from firmware_model import Firmware
 from firmware_model.program import Program, Region, TensorDesc
@@ -73,9 +73,9 @@ def verifier(request, monkeypatch):
     after (``_HEAD``), one call over the whole section, or runs of at most two blocks
     (``_SEGMENT``), whose last run is one short block."""
     if request.param == "head and tail":
-        monkeypatch.setattr(binary_reader, "_WHOLE", 0)
+        monkeypatch.setattr(weight_checks, "_WHOLE", 0)
     if request.param == "runs of two":
-        monkeypatch.setattr(binary_reader, "_SEGMENT", 2 * BLOCK)
+        monkeypatch.setattr(weight_checks, "_SEGMENT", 2 * BLOCK)
     return request.param
 
 
@@ -85,29 +85,29 @@ def test_runs_cover_every_block_once_in_order(size):
     short runs; none over ``_SEGMENT`` (a CRC-32 detects every 2-bit error only under 2^32
     bits, 512 MiB)."""
     block = 4 << 20 if size > BLOCK * 100 else BLOCK
-    blocks = [binary_reader._Block(4, i, i * block, min((i + 1) * block, size), i * block, 0)
+    blocks = [weight_checks._Block(4, i, i * block, min((i + 1) * block, size), i * block, 0)
               for i in range(-(-size // block))]
-    runs = binary_reader._runs(blocks)
+    runs = weight_checks._runs(blocks)
     assert [b for run in runs for b in run] == blocks
     sizes = [run[-1].end - run[0].start for run in runs]
-    assert all(0 < n <= binary_reader._SEGMENT for n in sizes)
-    if size <= binary_reader._WHOLE:
+    assert all(0 < n <= weight_checks._SEGMENT for n in sizes)
+    if size <= weight_checks._WHOLE:
         assert len(runs) == min(len(blocks), 1)
     else:
-        assert min(size * 3 // 4, binary_reader._SEGMENT) - block < sizes[0] <= size * 3 // 4
+        assert min(size * 3 // 4, weight_checks._SEGMENT) - block < sizes[0] <= size * 3 // 4
         assert max(sizes[1:]) < sizes[0]
 
 
 def test_a_block_larger_than_a_run_is_a_run_alone(monkeypatch):
     """A file's blocks may be up to ``L.MAX_BLOCK`` (1 GiB), more than ``_SEGMENT``: such a block
     is checked alone, against its own stored CRC-32, never with its neighbours."""
-    monkeypatch.setattr(binary_reader, "_SEGMENT", 2 * BLOCK)
-    monkeypatch.setattr(binary_reader, "_WHOLE", 0)
+    monkeypatch.setattr(weight_checks, "_SEGMENT", 2 * BLOCK)
+    monkeypatch.setattr(weight_checks, "_WHOLE", 0)
     sizes = [BLOCK, BLOCK, 3 * BLOCK, BLOCK, BLOCK]
     starts = np.cumsum([0, *sizes])
-    blocks = [binary_reader._Block(4, i, int(starts[i]), int(starts[i + 1]), int(starts[i]), 0)
+    blocks = [weight_checks._Block(4, i, int(starts[i]), int(starts[i + 1]), int(starts[i]), 0)
               for i in range(len(sizes))]
-    runs = binary_reader._runs(blocks)
+    runs = weight_checks._runs(blocks)
     assert [b for run in runs for b in run] == blocks
     assert [blocks[2]] in runs
 
@@ -153,7 +153,7 @@ def _deferred_check_in_child(data: bytes) -> tuple[int, bool]:
     binary = ContextBinary.from_bytes(data, defer_weights=True)
     binary.verify_weights()
     binary.close()
-    checks = binary_reader._pool()
+    checks = weight_checks._pool()
     return checks._work_queue.qsize(), any(t.is_alive() for t in checks._threads)
 
 
@@ -168,8 +168,8 @@ def test_a_check_running_when_the_process_forks_is_done_again_in_the_child(monke
         time.sleep(1.0)
         return real(*args)
 
-    real = binary_reader._crc32_then_drop
-    monkeypatch.setattr(binary_reader, "_crc32_then_drop", slow)
+    real = weight_checks._crc32_then_drop
+    monkeypatch.setattr(weight_checks, "_crc32_then_drop", slow)
     data = packed(LARGE)
     binary = ContextBinary.from_bytes(data, defer_weights=True)
     _IN_FLIGHT.append(binary)
@@ -237,7 +237,7 @@ def test_weights_that_change_between_reads_are_refused(verifier, monkeypatch):
     not go on with weights nobody verified."""
     data = bytearray(packed(LARGE))
     index, weights = sections(bytes(data))["weights"]
-    checked = binary_reader._crc32_then_drop
+    checked = weight_checks._crc32_then_drop
     lock = threading.Lock()
 
     def changing(run: memoryview, *drop) -> int:  # the byte is wrong only while a run is checked
@@ -248,8 +248,8 @@ def test_weights_that_change_between_reads_are_refused(verifier, monkeypatch):
             finally:
                 data[weights.offset + 9] ^= 1
 
-    monkeypatch.setattr(binary_reader, "_crc32_then_drop", changing)
-    first = binary_reader._runs(binary_reader._weight_blocks(
+    monkeypatch.setattr(weight_checks, "_crc32_then_drop", changing)
+    first = weight_checks._runs(weight_checks.weight_blocks(
         memoryview(bytes(data)), index, weights, sections(bytes(data))["weight_checksums"][1]))[0]
     end = first[-1].end - weights.offset
     for defer in (False, True):
