@@ -2,7 +2,7 @@
 HBM, and run it.
 
 :func:`load_program` (``Firmware.load``) first checks everything it can without touching the
-device (the list is in ``docs/firmware.md``) and raises one
+device (:mod:`firmware_model.validate`; the list is in ``docs/firmware.md``) and raises one
 :class:`~npu_sim.errors.InvalidCommand` listing every problem found. Only then does it allocate
 the ARENA and WEIGHTS regions, upload the weights through the firmware straight from their
 host memory (:mod:`firmware_model.upload`: one DMA per run of weights contiguous in host memory
@@ -19,8 +19,6 @@ still charged, and the outputs are returned as ``None``.
 
 from __future__ import annotations
 
-import itertools
-import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -28,314 +26,21 @@ import numpy as np
 import simpy
 
 from npu_sim import dtypes
-from npu_sim.dma import DMA_ALIGNMENT
 from npu_sim.dtypes import TensorSpec
-from npu_sim.errors import InvalidCommand, NpuSimError
+from npu_sim.errors import InvalidCommand
 from npu_sim.hbm import DeviceBuffer
-from npu_sim.kernels import blas, registry
+from npu_sim.kernels import blas
 
 from . import prune, replay
-from .commands import U32_MAX, Barrier, Command, Dma, Kernel, Signal, Wait, pack, unpack
-from .program import Program, Region, TensorDesc, split_reloc
-from .upload import host_address, host_bytes
+from .commands import U32_MAX, Barrier, Command, Dma, Signal, Wait, pack
+from .program import Program, Region, split_reloc
+from .validate import SCOPE, validate
 from .weights import Placement
 
 if TYPE_CHECKING:
     from npu_sim.device import Device
 
     from .processor import Firmware
-
-_SCOPE = "npu.fw.loader"
-_MAX_SHOWN = 20
-
-
-def _problem_error(program: Program, problems: list[str]) -> InvalidCommand:
-    shown = problems[:_MAX_SHOWN]
-    more = f"\n  ... and {len(problems) - _MAX_SHOWN} more" if len(problems) > _MAX_SHOWN else ""
-    err = InvalidCommand(_SCOPE, f"program {program.name!r} is invalid "
-                                 f"({len(problems)} problem{'s' * (len(problems) > 1)}):\n  "
-                                 + "\n  ".join(shown) + more)
-    err.problems = list(problems)
-    return err
-
-
-def validate(program: Program, *, cores: int, semaphores: int,
-             functional: bool = True) -> list[Command]:
-    """Check ``program`` against a device with ``cores`` cores and a firmware with
-    ``semaphores`` semaphores; returns its decoded commands. (A run may be longer than the
-    submission ring: the host streams it.)
-
-    Raises InvalidCommand listing every problem (``.problems`` holds them one per entry).
-    ``functional=False`` allows weights to be absent (a timing-only load).
-    """
-    problems: list[str] = []
-    sizes = {Region.ARENA: program.arena_bytes, Region.WEIGHTS: 0}
-    if isinstance(program.arena_bytes, bool) or not isinstance(program.arena_bytes, int) \
-            or program.arena_bytes < 0:
-        problems.append(f"arena_bytes={program.arena_bytes!r}; expected an int >= 0")
-        sizes[Region.ARENA] = 0
-    nbytes, weight_idx, sizes[Region.WEIGHTS] = _check_tensors(program, sizes[Region.ARENA],
-                                                               problems)
-    _check_io(program, nbytes, problems)
-    _check_weights(program, nbytes, weight_idx, problems, functional)
-    _check_launches(program, problems)
-    commands: list[Command] = []
-    try:
-        commands = unpack(program.commands)
-    except InvalidCommand as exc:
-        problems.append(f"command stream: {exc.message}")
-    _check_commands(program, commands, sizes, problems, cores=cores, semaphores=semaphores)
-    if problems:
-        raise _problem_error(program, problems)
-    return commands
-
-
-_ITEMSIZE = {name: dtypes.itemsize(name) for name in dtypes.DTYPES}
-
-
-def _check_tensors(program: Program, arena: int,
-                   problems: list[str]) -> tuple[list[int | None], list[int], int]:
-    """Per-tensor checks, and each ARENA tensor's end against ``arena`` (the arena's size);
-    returns each tensor's byte size (None when it cannot be known), the indices of the WEIGHTS
-    tensors and the end of the WEIGHTS region (the largest end of its tensors), all in one pass.
-
-    A tensor that is plainly sound (a tuple of ints >= 0, a known dtype, ARENA or WEIGHTS, an
-    aligned int offset: every tensor of a decoded binary) is sized inline; any other goes
-    through :func:`_check_tensor`, which names what is wrong (per-tensor objects and messages
-    were ~2 ms of a 100-tensor load)."""
-    nbytes: list[int | None] = []
-    weight_idx: list[int] = []
-    weights_end = 0
-    past: list[str] = []  # ARENA tensors past its end, reported after every tensor's own checks
-    itemsize, prod, in_arena, in_weights = _ITEMSIZE, math.prod, Region.ARENA, Region.WEIGHTS
-    for i, t in enumerate(program.tensors):
-        shape, offset, region = t.shape, t.offset, t.region
-        item = itemsize.get(t.dtype) if type(t.dtype) is str else None
-        n = None
-        if item and type(shape) is tuple and type(offset) is int and offset >= 0 \
-                and not offset % item and (region is in_arena or region is in_weights):
-            for d in shape:  # a loop, not all(...): a third of its time
-                if type(d) is not int or d < 0:
-                    break
-            else:
-                n = prod(shape) * item
-        if n is None:
-            n = _check_tensor(i, t, problems)
-        nbytes.append(n)
-        if region == in_weights:
-            weight_idx.append(i)
-            if n is not None and offset + n > weights_end:
-                weights_end = offset + n
-        elif n is not None and region == in_arena and offset + n > arena:
-            past.append(f"tensor {i} {t.name!r}: [{offset}, {offset + n}) ends past the "
-                        f"arena of {program.arena_bytes} bytes")
-    problems.extend(past)
-    return nbytes, weight_idx, weights_end
-
-
-def _check_tensor(i: int, t: TensorDesc, problems: list[str]) -> int | None:
-    where = f"tensor {i} {t.name!r}"
-    try:
-        item = dtypes.itemsize(t.dtype)
-        n = TensorSpec(t.shape, t.dtype).nbytes
-    except (NpuSimError, TypeError, ValueError) as exc:
-        problems.append(f"{where}: bad shape {t.shape!r} or dtype {t.dtype!r} ({exc})")
-        return None
-    if t.region not in (Region.ARENA, Region.WEIGHTS):
-        problems.append(f"{where}: region {t.region!r}; tensors live in ARENA or WEIGHTS")
-        return None
-    if isinstance(t.offset, bool) or not isinstance(t.offset, int) or t.offset < 0:
-        problems.append(f"{where}: offset {t.offset!r}; expected an int >= 0")
-        return None
-    if t.offset % item:
-        problems.append(f"{where}: offset {t.offset} is not a multiple of its {t.dtype} "
-                        f"itemsize {item}")
-    return n
-
-
-def _ranges_overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
-    return a[0] < b[1] and b[0] < a[1]
-
-
-def _check_io(program: Program, nbytes: list[int | None], problems: list[str]) -> None:
-    """Inputs are written by DMA, so no two may share memory. Outputs are only read back, so
-    they may alias each other, an input or a weight, as ONNX graphs do (``Identity`` of an
-    initializer, a tensor that is an output and also reshaped into another output)."""
-    ntensors = len(program.tensors)
-    for role, indices in (("input", program.inputs), ("output", program.outputs)):
-        if role == "input" and len(set(indices)) != len(indices):
-            problems.append(f"{role}s {list(indices)} name a tensor twice")
-        spans: list[tuple[int, int, int]] = []
-        for k, idx in enumerate(indices):
-            if isinstance(idx, bool) or not isinstance(idx, int) or not 0 <= idx < ntensors:
-                problems.append(f"{role} {k}: tensor index {idx!r} out of range [0, {ntensors})")
-                continue
-            t, n = program.tensors[idx], nbytes[idx]
-            if role == "input" and t.region != Region.ARENA:
-                problems.append(f"input {k} {t.name!r} is in {t.region.name}; inputs are "
-                                "written by DMA and must live in the ARENA")
-            if n is None:
-                continue
-            if t.offset % DMA_ALIGNMENT:
-                problems.append(f"{role} {k} {t.name!r}: offset {t.offset} is not a multiple of "
-                                f"the DMA alignment {DMA_ALIGNMENT}")
-            if role == "output":
-                continue
-            for other, start, end in spans:
-                if t.region == program.tensors[other].region and \
-                        _ranges_overlap((t.offset, t.offset + n), (start, end)) and other != idx:
-                    problems.append(f"{role}s {program.tensors[other].name!r} and {t.name!r} "
-                                    f"overlap ([{start}, {end}) and [{t.offset}, "
-                                    f"{t.offset + n}))")
-            spans.append((idx, t.offset, t.offset + n))
-
-
-def _check_weights(program: Program, nbytes: list[int | None], weight_idx: list[int],
-                   problems: list[str], functional: bool) -> None:
-    """``weight_idx``: the WEIGHTS tensors' indices, in order."""
-    is_weight = set(weight_idx)
-    for key in program.weights:
-        if key not in is_weight:
-            problems.append(f"weights has an entry for tensor {key!r}, which is not a WEIGHTS "
-                            "tensor")
-    entries: list[tuple[int, tuple[int, int]]] = []  # (tensor, HBM span), in tensor order
-    for i in weight_idx:
-        t, n = program.tensors[i], nbytes[i]
-        if n is None:
-            continue
-        data = program.weights.get(i)
-        if data is None:
-            if functional:
-                problems.append(f"weight tensor {i} {t.name!r} has no bytes in weights")
-        elif not isinstance(data, (bytes, bytearray, memoryview)) or len(data) != n:
-            got = len(data) if isinstance(data, (bytes, bytearray, memoryview)) else \
-                type(data).__name__
-            problems.append(f"weight tensor {i} {t.name!r}: expected {n} bytes, got {got}")
-            continue
-        entries.append((i, (t.offset, t.offset + n)))
-    problems.extend(_weight_overlaps(program, entries))
-
-
-def _weight_overlaps(program: Program, entries: list[tuple[int, tuple[int, int]]]) -> list[str]:
-    """Each weight against every distinct range placed before it (the first tensor placed at
-    each range stands for it): overlapping ranges are a problem unless they are the same range
-    with the same bytes. Sorting the ranges finds the overlapping pairs in O(n log n) plus the
-    number of overlaps."""
-    spans = sorted(span for _, span in entries)
-    if all(a[1] <= b[0] for a, b in itertools.pairwise(spans)):  # disjoint: none overlap
-        return []
-    first: dict[tuple[int, int], int] = {}  # range -> position in entries of its first tensor
-    for pos, (_, span) in enumerate(entries):
-        first.setdefault(span, pos)
-    ranges = sorted(first)
-    overlapping: dict[tuple[int, int], list[tuple[int, int]]] = {r: [] for r in ranges}
-    for k, span in enumerate(ranges):
-        for other in ranges[k:]:
-            if other[0] >= span[1] and other != span:
-                break
-            if _ranges_overlap(span, other):
-                overlapping[span].append(other)
-                if other != span:
-                    overlapping[other].append(span)
-    weights = program.weights
-    found: list[tuple[int, int, str]] = []  # (position, position of the range's first, message)
-    for pos, (i, span) in enumerate(entries):
-        t = program.tensors[i]
-        for other in overlapping[span]:
-            first_pos = first[other]
-            if first_pos >= pos:
-                continue
-            j = entries[first_pos][0]
-            same = span == other and (weights.get(i) is None or weights.get(j) is None
-                                      or _same_bytes(weights[i], weights[j]))
-            if not same:
-                found.append((pos, first_pos,
-                              f"weight tensors {program.tensors[j].name!r} and {t.name!r} "
-                              f"overlap ([{other[0]}, {other[1]}) and [{span[0]}, {span[1]})); "
-                              "only identical contents may share a range"))
-    return [message for _, _, message in sorted(found)]
-
-
-def _check_launches(program: Program, problems: list[str]) -> None:
-    ntensors = len(program.tensors)
-    unknown = sorted({launch.op for launch in program.launches} - set(registry.names()))
-    if unknown:
-        problems.append(f"unknown kernels: {', '.join(unknown)}; registered: "
-                        f"{', '.join(registry.names())}")
-    tensors, in_weights = program.tensors, Region.WEIGHTS
-    for k, launch in enumerate(program.launches):
-        inputs, outputs = launch.inputs, launch.outputs
-        for i in inputs:  # a sound launch (every one of a valid program) is not labelled
-            if not (i == -1 or (isinstance(i, int) and 0 <= i < ntensors)):
-                break
-        else:
-            for i in outputs:
-                if not (isinstance(i, int) and 0 <= i < ntensors) \
-                        or tensors[i].region == in_weights:
-                    break
-            else:
-                if outputs:
-                    continue
-        where = f"launch {k} ({launch.op}, node {launch.node!r})"
-        for i in inputs:
-            if not (i == -1 or (isinstance(i, int) and 0 <= i < ntensors)):
-                problems.append(f"{where}: input tensor index {i!r}; expected -1 (omitted) or "
-                                f"[0, {ntensors})")
-        if not outputs:
-            problems.append(f"{where}: has no outputs")
-        for i in outputs:
-            if not (isinstance(i, int) and 0 <= i < ntensors):
-                problems.append(f"{where}: output tensor index {i!r}; expected [0, {ntensors})")
-            elif tensors[i].region == Region.WEIGHTS:
-                problems.append(f"{where}: writes tensor {tensors[i].name!r} in the "
-                                "read-only WEIGHTS region")
-
-
-def _check_commands(program: Program, commands: list[Command], sizes: dict[Region, int],
-                    problems: list[str], *, cores: int, semaphores: int) -> None:
-    seen: set[int] = set()
-    for c in commands:
-        where = f"command {c.cmd_id}"
-        if c.cmd_id in seen:
-            problems.append(f"{where}: cmd_id used twice")
-        for d in c.deps:
-            if d not in seen:
-                problems.append(f"{where}: depends on {d}, not an earlier command")
-        seen.add(c.cmd_id)
-        if isinstance(c, Dma):
-            for role, address, writes in (("src", c.src, False), ("dst", c.dst, True)):
-                msg = _check_reloc(address, c.nbytes, sizes, writes)
-                if msg:
-                    problems.append(f"{where}: DMA {role}: {msg}")
-            if c.nbytes == 0:
-                problems.append(f"{where}: DMA of 0 bytes")
-        elif isinstance(c, Kernel):
-            if c.launch >= len(program.launches):
-                problems.append(f"{where}: launch index {c.launch} out of range; the program "
-                                f"has {len(program.launches)} launches")
-            if c.core_mask >> cores:
-                problems.append(f"{where}: core_mask {c.core_mask:#x} names cores beyond the "
-                                f"device's {cores}")
-        elif isinstance(c, (Signal, Wait)) and c.semaphore >= semaphores:
-            problems.append(f"{where}: semaphore {c.semaphore} out of range [0, {semaphores})")
-
-
-def _check_reloc(address: int, nbytes: int, sizes: dict[Region, int], writes: bool) -> str:
-    region, offset = split_reloc(address)
-    if region not in (Region.ARENA, Region.WEIGHTS):
-        name = Region(region).name if region in Region._value2member_map_ else str(region)
-        return (f"address {address:#x} is in region {name}; program DMAs use "
-                "reloc(ARENA|WEIGHTS, offset) (host transfers are added by the loader)")
-    region = Region(region)
-    if writes and region == Region.WEIGHTS:
-        return "writes the read-only WEIGHTS region"
-    if offset + nbytes > sizes[region]:
-        return (f"[{offset}, {offset + nbytes}) runs past the {region.name} region of "
-                f"{sizes[region]} bytes")
-    if offset % DMA_ALIGNMENT:
-        return f"offset {offset} is not a multiple of the DMA alignment {DMA_ALIGNMENT}"
-    return ""
-
 
 def load_program(fw: Firmware, program: Program, *, functional: bool = True,
                  stream: bool = False,
@@ -367,14 +72,6 @@ def _reads_region(commands: Sequence[Command], region: Region) -> bool:
     return any(isinstance(c, Dma) and region in (Region(split_reloc(c.src)[0]),
                                                  Region(split_reloc(c.dst)[0]))
                for c in commands)
-
-
-def _same_bytes(a: bytes | bytearray | memoryview, b: bytes | bytearray | memoryview) -> bool:
-    """Whether two weights hold the same bytes (at once when they are the same memory)."""
-    x, y = host_bytes(a), host_bytes(b)
-    if x.size == y.size and host_address(x) == host_address(y):
-        return True
-    return bool(np.array_equal(x, y))
 
 
 def _relocate(cmd: Command, loaded: LoadedProgram) -> Command:
@@ -419,7 +116,7 @@ class LoadedProgram:
         """HBM address of ``region``."""
         buf = self.arena if region == Region.ARENA else self.weights
         if buf is None:
-            raise InvalidCommand(_SCOPE, f"program {self.program.name!r} has no {region.name} "
+            raise InvalidCommand(SCOPE, f"program {self.program.name!r} has no {region.name} "
                                          "region allocated")
         return buf.address
 
@@ -479,9 +176,9 @@ class LoadedProgram:
         is simulated, never replayed or recorded (:mod:`.replay`)."""
         prog, fw, device = self.program, self.firmware, self.firmware.device
         if not self.loaded:
-            raise InvalidCommand(_SCOPE, f"program {prog.name!r} was unloaded")
+            raise InvalidCommand(SCOPE, f"program {prog.name!r} was unloaded")
         if functional and not self.functional:
-            raise InvalidCommand(_SCOPE, f"program {prog.name!r} was loaded timing-only "
+            raise InvalidCommand(SCOPE, f"program {prog.name!r} was loaded timing-only "
                                          "(functional=False); load it again to compute values")
         host_in = self._host_inputs(inputs, functional)
         # An output that is a weight (a constant) is read by a DMA, which cannot wait for a
@@ -519,7 +216,7 @@ class LoadedProgram:
                     address = self.operand(index)[0]
                     src, dst = (iova, address) if out is pre else (address, iova)
                     if io_id + 2 > U32_MAX:
-                        raise InvalidCommand(_SCOPE, "command ids exhausted for I/O DMAs")
+                        raise InvalidCommand(SCOPE, "command ids exhausted for I/O DMAs")
                     out.append(Dma(io_id, src, dst, array.nbytes))
                     io_id += 1
             stream = [*pre, Barrier(io_id), *body, Barrier(io_id + 1), *post]
@@ -547,14 +244,14 @@ class LoadedProgram:
             return [np.zeros(t.shape, dtypes.to_numpy(t.dtype)) for t in descs]
         if inputs is None or len(inputs) != len(descs):
             got = "None" if inputs is None else str(len(inputs))
-            raise InvalidCommand(_SCOPE, f"program {self.program.name!r} takes {len(descs)} "
+            raise InvalidCommand(SCOPE, f"program {self.program.name!r} takes {len(descs)} "
                                          f"inputs ({', '.join(t.name for t in descs)}), got {got}")
         out = []
         for k, (array, t) in enumerate(zip(inputs, descs, strict=True)):
             want = dtypes.to_numpy(t.dtype)
             shape, dtype = getattr(array, "shape", None), getattr(array, "dtype", None)
             if not isinstance(array, np.ndarray) or shape != t.shape or dtype != want:
-                raise InvalidCommand(_SCOPE, f"input {k} {t.name!r}: expected shape {t.shape} "
+                raise InvalidCommand(SCOPE, f"input {k} {t.name!r}: expected shape {t.shape} "
                                              f"{t.dtype}, got "
                                              + (f"shape {shape} {dtype}"
                                                 if isinstance(array, np.ndarray)
