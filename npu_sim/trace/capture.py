@@ -52,20 +52,25 @@ class Recording:
     def trace(self) -> Trace:
         """Everything recorded so far as one :class:`Trace` (see the module doc).
 
-        Dependencies on records outside a run's own (recorded before it) are dropped.
+        Dependencies on records of an earlier run are kept; on records not recorded (before
+        profiling started), dropped.
         """
         out: list[TraceRecord] = []
         last_host: int | None = None
+        new_id: dict[int, int] = {}  # the device's record ids -> the trace's, over all runs
         for name, records, start, end in self._runs:
-            last_host = _stitch(out, name, tuple(records), start, end, last_host)
+            last_host = _stitch(out, name, tuple(records), start, end, last_host, new_id)
         return Trace(self.config, tuple(out), self.model, self.sdk_version, dict(self.meta))
 
 
 def _stitch(out: list[TraceRecord], name: str, records: tuple[TraceRecord, ...], start: int,
-            end: int, last_host: int | None) -> int:
-    """Append one run to ``out`` renumbered, with its host record; returns that record's id."""
+            end: int, last_host: int | None, new_id: dict[int, int]) -> int:
+    """Append one run to ``out`` renumbered, with its host record; returns that record's id.
+    ``new_id`` maps the device's ids of the runs stitched so far to the trace's, and gets this
+    run's: a record may depend on one of an earlier run (a streamed weight upload that started
+    while that run was going and landed after it, chained to the upload before it)."""
     base = len(out)
-    new_id = {r.id: base + i for i, r in enumerate(records)}
+    new_id.update((r.id, base + i) for i, r in enumerate(records))
     kinds = _classify_kernel_edges(list(records))
     held = engine_edges(records)
     depended: set[int] = set()
