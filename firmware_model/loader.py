@@ -19,6 +19,7 @@ still charged, and the outputs are returned as ``None``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -106,7 +107,6 @@ class LoadedProgram:
         self.replay = True
         """Whether later runs may replay the first one's schedule (:mod:`.replay`); False
         simulates every run."""
-        self._replayable: bool | None = None
         self._schedules: dict[tuple, replay.Schedule | None] = {}
         """Recorded runs by :func:`.replay.key`; later runs replay them (:mod:`.replay`)."""
         self._pruned: dict[frozenset[int], list[Command]] = {}
@@ -152,13 +152,11 @@ class LoadedProgram:
         for t in [t for t in ready or () if ready[t].processed]:
             del ready[t]  # landed: later runs need not wait or depend on it
 
-    @property
+    @functools.cached_property
     def replayable(self) -> bool:
         """Whether every pair of conflicting kernels is ordered by dependencies
         (:func:`.replay.replayable`; worked out once)."""
-        if self._replayable is None:
-            self._replayable = replay.replayable(self)
-        return self._replayable
+        return replay.replayable(self)
 
     @property
     def relocated_commands(self) -> bytes:
