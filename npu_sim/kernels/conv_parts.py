@@ -79,9 +79,8 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
     when they are views of its input (:func:`.conv.prepare_conv` made both)."""
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
-    if into is None or x is None or w is None or x.dtype != np.float32 or \
-            w.dtype != np.float32 or not x.flags.c_contiguous or not w.flags.c_contiguous or \
-            (b is not None and b.dtype != np.float32):
+    # prepare_conv gives an ``into`` only for a float32 output, and X, W and B share its dtype
+    if into is None or not x.flags.c_contiguous or not w.flags.c_contiguous:
         return None
     operands = _operand_steps(inputs, attrs, steps, into.shape) if fused is None else ()
     if operands is None or (fused is not None and b is None):
