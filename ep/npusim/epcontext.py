@@ -176,14 +176,27 @@ def _check_node(info: E.EpContextNode, config: DeviceConfig) -> None:
                            "Use the matching device option or regenerate.")
 
 
-def _folder_or_none(context: ProviderContext) -> Path | None:
-    """The EPContext model's folder, where an embedded binary's external weights are found;
-    None when a model from bytes has no ``ep.context_file_path`` (the binary then says so if
-    it has external weights)."""
-    try:
-        return E.context_folder(context)
-    except InvalidGraph:
-        return None
+class _Folder:
+    """The EPContext model's folder (:func:`~ep.framework.epcontext.context_folder`), resolved
+    once per load and only if a node needs it."""
+
+    def __init__(self, context: ProviderContext) -> None:
+        self._context = context
+        self._path: Path | None = None
+
+    def __call__(self) -> Path:
+        if self._path is None:
+            self._path = E.context_folder(self._context)
+        return self._path
+
+    def or_none(self) -> Path | None:
+        """The folder, where an embedded binary's external weights are found; None when a model
+        from bytes has no ``ep.context_file_path`` (the binary then says so if it has external
+        weights)."""
+        try:
+            return self()
+        except InvalidGraph:
+            return None
 
 
 Acquire = Callable[[Path, Iterable[str], Callable[[Path], ContextBinary]], ContextBinary]
@@ -212,7 +225,7 @@ class WeightChecks:
             raise first from None
 
 
-def _open(info: E.EpContextNode, context: ProviderContext, config: DeviceConfig,
+def _open(info: E.EpContextNode, folder: _Folder, config: DeviceConfig,
           opened: dict[Path, ContextBinary], wanted: set[str],
           acquire: Acquire | None, checks: WeightChecks, defer: bool) -> ContextBinary:
     try:
@@ -223,12 +236,11 @@ def _open(info: E.EpContextNode, context: ProviderContext, config: DeviceConfig,
             binary = ContextBinary.from_bytes(info.ep_cache_context,
                                               expected_architecture=config.name,
                                               expected_config_digest=config.digest,
-                                              external_folder=_folder_or_none(context),
+                                              external_folder=folder.or_none(),
                                               defer_weights=defer)
             checks.opened.append((info.name, binary))
             return binary
-        path = E.resolve_context_file(info.ep_cache_context, E.context_folder(context),
-                                      node=info.name)
+        path = E.resolve_context_file(info.ep_cache_context, folder(), node=info.name)
         if path not in opened:
             def opener(target: Path) -> ContextBinary:
                 # A binary shared through the workspace outlives this load: verified whole.
@@ -273,13 +285,14 @@ def _load(infos: list[E.EpContextNode], context: ProviderContext, config: Device
           acquire: Acquire | None, checks: WeightChecks, defer: bool,
           ) -> tuple[list[Program], list[ContextBinary]]:
     opened: dict[Path, ContextBinary] = {}
+    folder = _Folder(context)
     binaries: list[ContextBinary] = []
     owner: dict[int, ContextBinary] = {}  # node position -> the binary its graph is in
     wanted = {info.graph_name for info in infos}
     embedded: list[ContextBinary] = []
     for k, info in enumerate(infos):
         if info.main_context:
-            binary = _open(info, context, config, opened, wanted, acquire, checks, defer)
+            binary = _open(info, folder, config, opened, wanted, acquire, checks, defer)
             if binary not in binaries:
                 binaries.append(binary)
             owner[k] = binary
@@ -289,8 +302,7 @@ def _load(infos: list[E.EpContextNode], context: ProviderContext, config: Device
         if k in owner:
             continue
         if info.embed_mode == 0 and info.ep_cache_context:
-            path = E.resolve_context_file(info.ep_cache_context, E.context_folder(context),
-                                          node=info.name)
+            path = E.resolve_context_file(info.ep_cache_context, folder(), node=info.name)
             if path in opened:
                 owner[k] = opened[path]
                 continue
