@@ -22,6 +22,7 @@ which provider runs each node and why the others declined it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -350,13 +351,16 @@ class Profiler:
 _ORT_TYPE_NAMES = {"float32": "float", "float64": "double"}
 
 
+@functools.cache
+def _ort_type_name(dtype: np.dtype) -> str:
+    """onnxruntime's profile name of ``dtype`` (numpy builds ``dtype.name`` anew each time,
+    2-3 us: a profiled run asks for every partition's inputs and outputs)."""
+    return _ORT_TYPE_NAMES.get(dtype.name, dtype.name)
+
+
 def _type_shapes(arrays: Sequence[Any]) -> list[dict[str, list[int]]]:
     """``[{"float": [1, 3, 64, 64]}, ...]``: onnxruntime's profile form of tensor types."""
-    out = []
-    for a in arrays:
-        if isinstance(a, np.ndarray):
-            out.append({_ORT_TYPE_NAMES.get(a.dtype.name, a.dtype.name): list(a.shape)})
-    return out
+    return [{_ort_type_name(a.dtype): list(a.shape)} for a in arrays if isinstance(a, np.ndarray)]
 
 
 def _jsonable(value: Any) -> Any:
