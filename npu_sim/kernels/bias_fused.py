@@ -8,7 +8,7 @@ element gets the same float32 operations in the same order as the separate passe
 bias add, then the Relu select, or the gate computed as in
 :func:`npu_sim.kernels.epilogue.apply_epilogue`'s loop and rounded to float32 before the
 multiply), so the values are the same bits. A SiLU gate (EfficientNet) takes the bias in its
-one loop too (:func:`npu_sim.kernels.mlas.bias_silu32`), and so does a squeeze-excite's second
+one loop too (:func:`npu_sim.kernels.mlas.bias_sigmoid32`), and so does a squeeze-excite's second
 1x1 convolution with its Sigmoid or HardSigmoid activation, whose 144-576 outputs took 15-40 us
 of Python around a 5 us GEMM.
 """
@@ -23,7 +23,7 @@ from numba import njit
 
 from ..epilogue import decode
 from .activations import full_params
-from .mlas import bias_silu32, logistic32
+from .mlas import bias_sigmoid32
 
 FusedLoop = Callable[[np.ndarray, np.ndarray], bool]
 
@@ -63,16 +63,6 @@ def _bias_hard_sigmoid(y, b, alpha, beta):  # pragma: no cover - numba
                 row[p] = s if s != s else min(1.0, max(0.0, s))  # as the HardSigmoid kernel
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _bias_sigmoid(y, b):  # pragma: no cover - numba
-    for n in range(y.shape[0]):
-        for m in range(y.shape[1]):
-            row = y[n, m]
-            bias = b[m]
-            for p in range(row.size):
-                row[p] = logistic32(row[p] + bias)
-
-
 def fused_bias_loop(op: str, attrs: Mapping[str, Any]) -> FusedLoop | None:
     """The one-pass loop adding a bias and applying the launch's fused activation or epilogue,
     when that is a Relu, Sigmoid or HardSigmoid activation (a squeeze-excite's second 1x1
@@ -86,7 +76,7 @@ def fused_bias_loop(op: str, attrs: Mapping[str, Any]) -> FusedLoop | None:
         if activation == "Relu" and not params:
             return _checked(_bias_relu)
         if activation == "Sigmoid" and not params:
-            return _checked(_bias_sigmoid)
+            return _checked(lambda rows, bias: bias_sigmoid32(rows, bias, False))
         if activation == "HardSigmoid":  # a squeeze-excite's gate
             alpha, beta = full_params("HardSigmoid", params)
             return _checked(lambda rows, bias: _bias_hard_sigmoid(rows, bias, alpha, beta))
@@ -100,7 +90,7 @@ def fused_bias_loop(op: str, attrs: Mapping[str, Any]) -> FusedLoop | None:
         alpha, beta = full_params("HardSigmoid", steps[0].params)
         return _checked(lambda rows, bias: _bias_hard_sigmoid_gate(rows, bias, alpha, beta))
     if steps[0].op == "Sigmoid":
-        return _checked(bias_silu32)
+        return _checked(lambda rows, bias: bias_sigmoid32(rows, bias, True))
     return None
 
 

@@ -63,8 +63,11 @@ def apply_epilogue(op: str, y: np.ndarray, attrs: Mapping[str, Any],
         elif step.gate and step.op == "Sigmoid" and fast:
             silu32(y.reshape(-1))
         elif step.gate:
+            gate = apply_activation(y, step.op, step.params)
+            if step.op == "Sigmoid":  # onnxruntime's QuickGelu clamps it at 1, as silu32
+                np.minimum(gate, 1, out=gate)
             with np.errstate(all="ignore"):
-                np.multiply(y, apply_activation(y, step.op, step.params), out=y)
+                np.multiply(y, gate, out=y)
         else:
             y = apply_activation(y, step.op, step.params, inplace=True)
     return y

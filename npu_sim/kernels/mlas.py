@@ -4,7 +4,8 @@ onnxruntime's CPU kernels of float32 Sigmoid, Tanh, Erf and Gelu call MLAS, whic
 them with rational functions and polynomials (Eigen's coefficients for the first two):
 
 - the logistic, ``MlasComputeLogistic``: the input clamped to [-18, 18], p / q of degrees 9 and
-  10, plus 1/2, clamped to [0, 1];
+  10, plus 1/2, clamped at 0 (its x86-64 kernel does not clamp at 1; QuickGelu's use of it
+  does: :func:`silu32`);
 - tanh, ``MlasComputeTanh``: the input clamped to [-9, 9], p / q of degrees 13 and 6, not
   clamped after;
 - erf, ``MlasComputeErf``: a polynomial below |x| = 0.921875, else 1 - exp(-polynomial) with
@@ -18,11 +19,12 @@ rounding; vectorised as the loops are), and give onnxruntime's bits
 (``tests/kernels/test_mlas.py`` compares with the installed onnxruntime, and would see a release
 that changed them).
 
-Where they saturate differs from the exact functions: the logistic is exactly 0 from -18 down and
-exactly 1 from about 15.8 up, where ``1 / (1 + exp(-x))`` gives a tiny positive number (1.3e-33
-at -75.7) or 1 - 2^-24; tanh is exactly +-1 from about 8.04 (numpy's from 10) and reaches
-1.0000002; Gelu is exactly -0 below about -5.54. A Sign, a comparison or a Log downstream sees
-such a difference however small it is.
+Where they saturate differs from the exact functions: the logistic is exactly 0 from -18 down
+(``1 / (1 + exp(-x))`` is 1.3e-33 at -75.7) and exactly 1 from 18 up, below which it is
+1 - 2^-24 or less but for 20 inputs in [17.48, 18), where it is 1.0000001; tanh is exactly +-1
+from 9 on (numpy's from about 10) and on either side of it from 7.999 (up to 1.0000002); Gelu
+is exactly -0 below about -5.54. A Sign, a comparison or a Log downstream sees such a
+difference however small it is.
 
 float64 Sigmoid is onnxruntime's Eigen expression: ``1 / (1 + exp(-|x|))`` for x >= 0, and 1
 minus that for x < 0 (exactly 0 from about -36.74 down); float64 Tanh is numpy's, within 1e-15
@@ -109,8 +111,15 @@ def logistic32(v):  # pragma: no cover - numba
     p = _fma(_fma(_fma(_fma(v2, _A9, _A7), v2, _A5), v2, _A3), v2, _A1) * v
     q = _fma(_fma(_fma(_fma(_fma(v2, _B10, _B8), v2, _B6), v2, _B4), v2, _B2), v2, _B0)
     r = p / q + _HALF
-    r = _ZERO if r < _ZERO else r
-    return _ONE if r > _ONE else r
+    return _ZERO if r < _ZERO else r  # not clamped at 1: MLAS's x86-64 kernel gives 1.0000001
+
+
+@njit(inline="always")
+def _gate32(v):  # pragma: no cover - numba
+    """The logistic as onnxruntime's QuickGelu (what it fuses ``x * Sigmoid(x)`` into at its
+    default optimization level) takes it: clamped at 1."""
+    g = logistic32(v)
+    return _ONE if g > _ONE else g
 
 
 @njit(inline="always")
@@ -163,7 +172,7 @@ def gelu32(x, out):  # pragma: no cover - numba
     MLAS's erf of it, then ``0.5 x (erf + 1)``, each in float32 and in that order."""
     for i in range(x.size):
         v = x[i]
-        out[i] = _HALF * v * (erf32(v * _SQRT1_2) + _ONE)
+        out[i] = v if v != v else _HALF * v * (erf32(v * _SQRT1_2) + _ONE)  # a NaN as it is
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -192,24 +201,28 @@ def sigmoid32(x, out):  # pragma: no cover - numba
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def silu32(y):  # pragma: no cover - numba
-    """``y *= sigmoid(y)`` in place for a flat float32 array: the Sigmoid kernel's float32
-    value, then the multiply, as the two nodes (or onnxruntime's QuickGelu) compute it."""
+    """``y *= sigmoid(y)`` in place for a flat float32 array, as onnxruntime's QuickGelu (a NaN
+    kept as it is, the logistic clamped at 1): what its default optimization level makes of
+    ``x * Sigmoid(x)``. (Below that level, its unfused Sigmoid reaches 1.0000001 on 20 inputs
+    in [17.48, 18), and the product is an ulp larger there.)"""
     for i in range(y.size):
         v = y[i]
-        y[i] = v * logistic32(v)
+        y[i] = v if v != v else v * _gate32(v)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def bias_silu32(y, b):  # pragma: no cover - numba
-    """``y`` (N, M, P) float32 plus ``b[m]`` (float32, as numpy's add), then times its
-    sigmoid, in place: :func:`silu32` with the bias add folded in."""
+def bias_sigmoid32(y, b, gate):  # pragma: no cover - numba
+    """``y`` (N, M, P) float32 plus ``b[m]`` (float32, as numpy's add), then its Sigmoid, or
+    with ``gate`` times its sigmoid as :func:`silu32`, in place. (Here, beside the logistic:
+    numba's cache knows a function's own file only, and would keep a loop that inlined it from
+    another file after it changed.)"""
     for n in range(y.shape[0]):
         for m in range(y.shape[1]):
             row = y[n, m]
             bias = b[m]
             for p in range(row.size):
                 v = row[p] + bias
-                row[p] = v * logistic32(v)
+                row[p] = v * _gate32(v) if gate else logistic32(v)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -219,17 +219,19 @@ def global_average_pool(
     """ONNX GlobalAveragePool: the mean over all spatial dims, kept as size-1 dims; ``out``:
     see :attr:`.registry.Kernel.writes_into`.
 
-    ``np.mean``'s arithmetic (a float32 sum over each plane, divided by its size), without its
-    Python: a squeeze-excite's 7x7 planes took 20-29 us a launch, mostly ``np.mean``'s own code.
+    ``np.mean``'s arithmetic on a contiguous input (a float32 sum over each plane, divided by
+    its size; the same bits), without its Python: a squeeze-excite's 7x7 planes took 20-29 us a
+    launch, mostly ``np.mean``'s own code.
     """
     x, axes = _global("GlobalAveragePool", inputs)
     n, c = x.shape[:2]
-    planes = to_compute("GlobalAveragePool", "X", x).reshape(n, c, -1)
+    planes = to_compute("GlobalAveragePool", "X", x).reshape(n, c, math.prod(x.shape[2:]))
     shape = (n, c) + (1,) * len(axes)
     into = computes_into(out, shape, np.dtype(x.dtype))
     sums = np.empty((n, c), np.float32) if into is None else into.reshape(n, c)
     np.add.reduce(planes, axis=2, out=sums)
-    np.divide(sums, np.float32(planes.shape[2]), out=sums)
+    with np.errstate(invalid="ignore"):  # an empty plane: 0 / 0, NaN as onnxruntime gives
+        np.divide(sums, np.float32(planes.shape[2]), out=sums)
     return [into if into is not None else sums.reshape(shape).astype(x.dtype)]
 
 

@@ -106,6 +106,20 @@ def test_global_pools_match_ort(op, spatial, seed, dtype):
     check_against_ort(op, [random_array(seed, (2, 3, *spatial), dtype)])
 
 
+@pytest.mark.parametrize("shape", [(0, 3, 4, 4), (0, 3, 2), (0, 1, 1, 1, 1)])
+def test_global_average_pool_of_an_empty_batch_matches_ort(shape):
+    check_against_ort("GlobalAveragePool", [np.zeros(shape, np.float32)])
+
+
+def test_global_average_pool_of_no_channels_or_empty_planes_is_np_means():
+    """onnxruntime refuses these (only N may be 0); the kernel gives np.mean's answer, no
+    raw exception: an empty output, or NaN for an empty plane."""
+    assert run_kernel("GlobalAveragePool", [np.zeros((2, 0, 4, 4), np.float32)])[0].shape == \
+        (2, 0, 1, 1)
+    empty = run_kernel("GlobalAveragePool", [np.zeros((2, 3, 0, 4), np.float32)])[0]
+    assert empty.shape == (2, 3, 1, 1) and np.isnan(empty).all()
+
+
 @settings(max_examples=30, deadline=None)
 @given(spatial=st.lists(st.integers(1, 40), min_size=1, max_size=3), seed=seeds,
        scale=st.sampled_from([1e-3, 1.0, 100.0]))
