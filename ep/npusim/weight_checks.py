@@ -174,6 +174,7 @@ class BlockChecks:
             futures, self._futures = self._futures, None
             views, self._views = self._views, []
             self._error = self._outcome(futures, views)
+            self._mapping = None  # the binary's close() unmaps once its views are gone
         if self._error is not None:
             raise InvalidGraph(self._error.message)
 

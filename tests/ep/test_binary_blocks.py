@@ -8,6 +8,7 @@ program's WEIGHTS region, so the loader moves them as one DMA.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import struct
@@ -396,3 +397,23 @@ def test_an_opened_files_weights_leave_the_resident_set_once_checked(tmp_path):
         assert int(array.sum(dtype=np.uint64)) > 0  # every page read again
         assert _rss_of_mapping_at(address) >= size
         del array, weight
+
+
+@pytest.mark.parametrize("defer", [False, True])
+def test_a_closed_binary_is_unmapped_once_its_last_weight_view_goes(tmp_path, defer):
+    """close() leaves the mapping to its last view; the weight checks must not keep it too."""
+    path = tmp_path / "large.bin"
+    path.write_bytes(packed(LARGE))
+
+    def mapped() -> int:
+        with open("/proc/self/maps") as maps:
+            return sum(str(path) in line for line in maps)
+
+    binary = ContextBinary.open(path, defer_weights=defer)
+    view = binary.program(binary.graph_names()[0]).weights[0]
+    binary.close()
+    assert mapped() == 1  # the view keeps it
+    del view
+    gc.collect()
+    assert mapped() == 0, "the closed binary, still referenced here, keeps its mapping"
+    assert binary.source == str(path)
