@@ -128,7 +128,8 @@ class WeightStore:
         # Residents placed since the indexes above were last read, in order (see _index).
         self._unindexed: list[_Resident] = []
         self.shared_bytes = 0
-        self._stats: dict[str, int] | None = None  # stats() until a placement or release
+        self._changes = 0  # placements, releases and undone placements so far
+        self._stats: tuple[int, dict[str, int]] | None = None  # stats() as of _changes
         self._tail: simpy.Event | None = None  # the last streamed upload: the next queues behind
 
     @property
@@ -152,7 +153,7 @@ class WeightStore:
         caller allocated, ``(buffer, offset)``: they are uploaded there, and the buffer is
         never allocated or freed here (user-provided device memory).
         """
-        self._stats = None
+        self._changes += 1
         device = self.firmware.device
         in_weights = Region.WEIGHTS  # an enum member looked up once, not once a tensor
         weights = [i for i, t in enumerate(program.tensors) if t.region == in_weights]
@@ -337,7 +338,7 @@ class WeightStore:
 
     def _undo(self, created: list[_Resident]) -> None:
         """Forget residents a failed placement created (nobody uses them yet)."""
-        self._stats = None
+        self._changes += 1
         self.settle([r.ready for r in created if r.ready is not None])
         for resident in created:
             self._forget(resident)
@@ -357,7 +358,7 @@ class WeightStore:
     def release(self, placement: Placement) -> None:
         """Drop a program's references; free every block nobody uses any more (never one the
         caller provided). Uploads still in flight land first."""
-        self._stats = None
+        self._changes += 1
         if placement.private is not None and not placement.private.freed:
             self.firmware.device.free(placement.private)
         self.settle([r.ready for r in placement.residents if r.ready is not None])
@@ -392,15 +393,18 @@ class WeightStore:
     def stats(self) -> dict[str, int]:
         """``hbm.weights.bytes`` (resident, each content once), ``hbm.weights.references`` and
         ``hbm.weights.shared_bytes`` (not uploaded again because resident)."""
-        if self._stats is None:  # a run asks twice, before and after: counted once per change
+        # A run asks twice, before and after: counted once per change. A release may run while
+        # counting (a finalizer the collector calls): the counts are then kept as of before it.
+        if self._stats is None or self._stats[0] != self._changes:
+            changes = self._changes
             self._index()
             residents = {id(r): r for r in self._by_host.values()}
             for same in self._by_size.values():
                 residents.update((id(r), r) for r in same)
-            self._stats = {
+            self._stats = (changes, {
                 "hbm.weights.bytes": sum(r.nbytes for r in residents.values()),
                 "hbm.weights.user_bytes": sum(r.nbytes for r in residents.values()
                                               if not r.block.owned),
                 "hbm.weights.references": sum(r.users for r in residents.values()),
-                "hbm.weights.shared_bytes": self.shared_bytes}
-        return dict(self._stats)
+                "hbm.weights.shared_bytes": self.shared_bytes})
+        return dict(self._stats[1])

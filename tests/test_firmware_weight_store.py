@@ -127,3 +127,28 @@ def test_a_program_unloaded_while_the_store_indexes_leaves_no_stale_weight(monke
     again = fw.load(add_program("c", W, extra=V))
     assert fw.stats()["hbm.weights.shared_bytes"] == 0
     np.testing.assert_array_equal(again.run([X])[0], run_ort("Add", [X, W])[0])
+
+
+def test_a_release_while_counting_is_counted_on_the_next_ask(monkeypatch):
+    """stats() keeps its counts until the store changes; a release that runs while it counts
+    (a finalizer the collector calls) must not leave the counts of before it kept."""
+    import builtins
+
+    from firmware_model import weights as weights_module
+
+    fw = Firmware(Device("npu-s"))
+    kept = fw.load(add_program("kept", W))
+    dropped = fw.load(add_program("dropped", V))
+    assert fw.stats()["hbm.weights.bytes"] == 2 * NB
+
+    def sum_then_unload(values, *args):
+        monkeypatch.delattr(weights_module, "sum")
+        dropped.unload()  # between the residents' listing and the sums
+        return builtins.sum(values, *args)
+
+    fw.load(add_program("again", W)).unload()  # the store changed: the next ask counts
+    monkeypatch.setattr(weights_module, "sum", sum_then_unload, raising=False)
+    fw.stats()  # counted with the release in the middle
+    assert fw.stats()["hbm.weights.bytes"] == NB
+    assert fw.stats()["hbm.weights.references"] == 1
+    assert kept.loaded and not dropped.loaded
