@@ -7,8 +7,9 @@ run finishes (:meth:`Recording.add_run`) and stitches them into one dependency g
 - ids are renumbered from 0 in recording order;
 - each run ends with a ``sync`` record on engine ``host`` (``run <name>``) that depends on the
   run's last records (``completion``), and the records of the next run that wait for nothing
-  else in it depend on it (``host``): the host submits a partition once the previous one
-  finished;
+  else, in it or in an earlier run, depend on it (``host``): the host submits a partition once
+  the previous one finished. A record that waits for one of an earlier run (a streamed weight
+  upload chained to the one before it, which landed during that run) keeps that edge instead;
 - an edge between two kernels (and their commands) is told apart by address: ``data`` when the
   later kernel reads memory the earlier one wrote, otherwise ``arena`` (the compiler ordered
   them because the arena reuses memory the earlier one used);
