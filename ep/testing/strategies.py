@@ -18,9 +18,9 @@ CPU-only ops (ones the NPU declines, e.g. ``Softplus``) that force partition bou
 ``ops=`` / ``cpu_ops=`` to target another EP. Every choice is a hypothesis draw and the node count
 shrinks towards one, so a failing model shrinks to a minimal one.
 
-A float16 MatMul with a constant B never reads a Transpose that keeps the last axis while the
-installed onnxruntime crashes on that pattern (:mod:`.reference_crashes`: 1.32.0 segfaults
-creating the session), so a property test fails an example instead of dying.
+A model the installed onnxruntime crashes on is never drawn (:mod:`.reference_crashes`: 1.32.0
+segfaults creating a session for some float16 Transpose-to-MatMul graphs; each such model is
+tried in a child process), so a property test fails an example instead of dying.
 
 :func:`feeds` draws inputs for any model (from its declared input types and static shapes), with
 edge values (zeros, all negative, large magnitudes) and, on request, NaN and infinities.
@@ -238,23 +238,13 @@ def _softmax(b: _Builder) -> bool:
 
 def _matmul(b: _Builder) -> bool:
     x = b.pick(lambda s: len(s) >= 2)
-    if x is None or (b.dtype == "float16" and _transposed_keeping_last_axis(b, x)
-                     and reference_crashes.half_transpose_matmul()):
-        return False  # onnxruntime would crash creating the reference session
+    if x is None:
+        return False
     shape = b.shapes[x]
     n = b.draw(st.integers(1, 8))
     w = b.weight((shape[-1], n), scale=1 / np.sqrt(shape[-1]))
     b.node("MatMul", [x, w], [shape[:-1] + (n,)])
     return True
-
-
-def _transposed_keeping_last_axis(b: _Builder, x: str) -> bool:
-    """Whether ``x`` is made by a Transpose that leaves the last axis where it is."""
-    node = next((n for n in b.nodes if x in n.output), None)
-    if node is None or node.op_type != "Transpose":
-        return False
-    perm = next(list(a.ints) for a in node.attribute if a.name == "perm")
-    return perm[-1] == len(perm) - 1
 
 
 def _attention(b: _Builder) -> bool:
@@ -484,6 +474,8 @@ def models(
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                               ir_version=8, producer_name="ep.testing.strategies")
     onnx.checker.check_model(model, full_check=True)  # types and shapes agree, strictly
+    if reference_crashes.suspect(model) and reference_crashes.crashes(model):
+        reject()  # onnxruntime would crash creating the reference session
     if shuffle_nodes:  # a valid graph stored out of order (the checker wants sorted nodes)
         shuffled = draw(st.permutations(b.nodes))
         del model.graph.node[:]
