@@ -41,25 +41,27 @@ def _bias_relu(y, b):  # pragma: no cover - numba
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _bias_hard_sigmoid_gate(y, b, alpha, beta):  # pragma: no cover - numba
+    a, c = np.float32(alpha), np.float32(beta)  # float32 arithmetic, as the HardSigmoid kernel
     for n in range(y.shape[0]):
         for m in range(y.shape[1]):
             row = y[n, m]
             bias = b[m]
             for p in range(row.size):
                 v = row[p] + bias  # float32, as numpy's add
-                s = alpha * v + beta
+                s = a * v + c
                 g = np.float32(s if s != s else min(1.0, max(0.0, s)))
                 row[p] = v * g
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _bias_hard_sigmoid(y, b, alpha, beta):  # pragma: no cover - numba
+    a, c = np.float32(alpha), np.float32(beta)  # float32 arithmetic, as the HardSigmoid kernel
     for n in range(y.shape[0]):
         for m in range(y.shape[1]):
             row = y[n, m]
             bias = b[m]
             for p in range(row.size):
-                s = alpha * (row[p] + bias) + beta  # the add in float32, as numpy's
+                s = a * (row[p] + bias) + c  # the bias add in float32, as numpy's
                 row[p] = s if s != s else min(1.0, max(0.0, s))  # as the HardSigmoid kernel
 
 

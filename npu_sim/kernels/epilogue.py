@@ -31,8 +31,9 @@ UFUNCS = {"Add": np.add, "Mul": np.multiply}
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _hard_sigmoid_gate(y, alpha, beta):  # pragma: no cover - numba
+    a, b = np.float32(alpha), np.float32(beta)  # float32 arithmetic, as the HardSigmoid kernel
     for i in range(y.size):
-        v = alpha * y[i] + beta
+        v = a * y[i] + b
         # NaN propagates as in the HardSigmoid kernel; the gate rounds to float32 as it does.
         g = np.float32(v if v != v else min(1.0, max(0.0, v)))
         y[i] = y[i] * g

@@ -56,7 +56,7 @@ def test_hard_swish_gate_matches_onnxruntime_hard_sigmoid_times_x():
     g = run_ort("HardSigmoid", [x], {"alpha": 1 / 6, "beta": 0.5})[0]
     want = run_ort("Mul", [x, g])[0]
     got = apply_epilogue("Conv", x.copy(), encode([STEPS[1]]), [])
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(got, want)  # the gate in float32, as the two kernels
 
 
 def test_silu_gate_matches_onnxruntime_sigmoid_times_x():
