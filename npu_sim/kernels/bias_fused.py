@@ -40,29 +40,20 @@ def _bias_relu(y, b):  # pragma: no cover - numba
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _bias_hard_sigmoid_gate(y, b, alpha, beta):  # pragma: no cover - numba
-    a, c = np.float32(alpha), np.float32(beta)  # float32 arithmetic, as the HardSigmoid kernel
+def _bias_hard_sigmoid(y, b, alpha, beta, gate):  # pragma: no cover - numba
+    # y += b (float32, as numpy's add), then its HardSigmoid, or with ``gate`` times it
+    # (rounded to float32 first, as the gate's two kernels do); float32 arithmetic, as the
+    # HardSigmoid kernel, and NaN propagates as there.
+    a, c = np.float32(alpha), np.float32(beta)
     for n in range(y.shape[0]):
         for m in range(y.shape[1]):
             row = y[n, m]
             bias = b[m]
             for p in range(row.size):
-                v = row[p] + bias  # float32, as numpy's add
+                v = row[p] + bias
                 s = a * v + c
-                g = np.float32(s if s != s else min(1.0, max(0.0, s)))
-                row[p] = v * g
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _bias_hard_sigmoid(y, b, alpha, beta):  # pragma: no cover - numba
-    a, c = np.float32(alpha), np.float32(beta)  # float32 arithmetic, as the HardSigmoid kernel
-    for n in range(y.shape[0]):
-        for m in range(y.shape[1]):
-            row = y[n, m]
-            bias = b[m]
-            for p in range(row.size):
-                s = a * (row[p] + bias) + c  # the bias add in float32, as numpy's
-                row[p] = s if s != s else min(1.0, max(0.0, s))  # as the HardSigmoid kernel
+                h = np.float32(s if s != s else min(1.0, max(0.0, s)))
+                row[p] = v * h if gate else h
 
 
 def fused_bias_loop(op: str, attrs: Mapping[str, Any]) -> FusedLoop | None:
@@ -81,7 +72,7 @@ def fused_bias_loop(op: str, attrs: Mapping[str, Any]) -> FusedLoop | None:
             return _checked(lambda rows, bias: bias_sigmoid32(rows, bias, False))
         if activation == "HardSigmoid":  # a squeeze-excite's gate
             alpha, beta = full_params("HardSigmoid", params)
-            return _checked(lambda rows, bias: _bias_hard_sigmoid(rows, bias, alpha, beta))
+            return _checked(lambda rows, bias: _bias_hard_sigmoid(rows, bias, alpha, beta, False))
         return None
     if activation:
         return None
@@ -90,7 +81,7 @@ def fused_bias_loop(op: str, attrs: Mapping[str, Any]) -> FusedLoop | None:
         return None
     if steps[0].op == "HardSigmoid":
         alpha, beta = full_params("HardSigmoid", steps[0].params)
-        return _checked(lambda rows, bias: _bias_hard_sigmoid_gate(rows, bias, alpha, beta))
+        return _checked(lambda rows, bias: _bias_hard_sigmoid(rows, bias, alpha, beta, True))
     if steps[0].op == "Sigmoid":
         return _checked(lambda rows, bias: bias_sigmoid32(rows, bias, True))
     return None
