@@ -61,7 +61,9 @@ def apply_epilogue(op: str, y: np.ndarray, attrs: Mapping[str, Any],
         elif step.gate and step.op == "HardSigmoid" and fast:
             alpha, beta = full_params("HardSigmoid", step.params)
             _hard_sigmoid_gate(y.reshape(-1), alpha, beta)
-        elif step.gate and step.op == "Sigmoid" and fast:
+        elif step.gate and step.op == "Sigmoid" and y.dtype == np.float32:
+            if not fast:  # a strided or read-only buffer: onto a copy of it
+                y = y.copy()
             silu32(y.reshape(-1))
         elif step.gate:
             gate = apply_activation(y, step.op, step.params)

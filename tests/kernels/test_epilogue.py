@@ -114,3 +114,18 @@ def test_bad_input_scale_is_a_typed_error(scale, attrs, match):
     x, w = np.ones((1, 12, 3, 3), np.float32), np.ones((4, 12, 1, 1), np.float32)
     with pytest.raises(KernelError, match=match):
         run_kernel("Conv", [x, w, None, scale], {"input_scale": 3, **attrs})
+
+
+def test_the_silu_gate_of_a_strided_buffer_gives_the_contiguous_ones_bits():
+    """The gate's general path (a strided or read-only buffer) is the fast path's loop on a
+    copy: the QuickGelu clamp at 1 and NaNs kept as they are, as onnxruntime."""
+    values = np.concatenate([np.linspace(17.4, 18.1, 4001, dtype=np.float32),
+                             np.array([0x7F800001, 0xFF812345, 0x7FC00000], np.uint32)
+                             .view(np.float32), np.float32([-3.0, 0.0, 2.5])])
+    spaced = np.zeros(2 * values.size, np.float32)
+    spaced[::2] = values
+    steps = encode([STEPS[0]])
+    whole = apply_epilogue("Conv", values.copy(), steps, [])
+    strided = apply_epilogue("Conv", spaced[::2], steps, [])
+    np.testing.assert_array_equal(np.ascontiguousarray(strided).view(np.uint32),
+                                  whole.view(np.uint32))
