@@ -398,9 +398,10 @@ class WeightStore:
         if self._stats is None or self._stats[0] != self._changes:
             changes = self._changes
             self._index()
-            residents = {id(r): r for r in self._by_host.values()}
-            for same in self._by_size.values():
-                residents.update((id(r), r) for r in same)
+            # copies: a release may run here too, and must not change what is being iterated
+            residents = {id(r): r for r in list(self._by_host.values())}
+            for same in list(self._by_size.values()):
+                residents.update((id(r), r) for r in list(same))
             self._stats = (changes, {
                 "hbm.weights.bytes": sum(r.nbytes for r in residents.values()),
                 "hbm.weights.user_bytes": sum(r.nbytes for r in residents.values()

@@ -230,7 +230,7 @@ def global_average_pool(
     into = computes_into(out, shape, np.dtype(x.dtype))
     sums = np.empty((n, c), np.float32) if into is None else into.reshape(n, c)
     np.add.reduce(planes, axis=2, out=sums)
-    with np.errstate(invalid="ignore"):  # an empty plane: 0 / 0, NaN as onnxruntime gives
+    with np.errstate(invalid="ignore"):  # an empty plane: 0 / 0, NaN as np.mean gives
         np.divide(sums, np.float32(planes.shape[2]), out=sums)
     return [into if into is not None else sums.reshape(shape).astype(x.dtype)]
 
