@@ -41,7 +41,7 @@ import numpy as np
 from numba import njit
 
 from ..errors import KernelError
-from .mlas import erf_loop32, gelu32, gelu_tanh32, sigmoid, tanh
+from .mlas import erf_loop32, gelu32, gelu_tanh32, sigmoid32, tanh_loop32
 from .registry import kernel
 
 HALF_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -174,6 +174,19 @@ def _with_exp(fill: Callable[[np.ndarray, np.ndarray], None],
     return run
 
 
+@njit(cache=True, error_model="numpy")
+def _sigmoid64_finish(x, e):  # pragma: no cover - numba
+    # e = exp(-|x|) <= 1; onnxruntime's (Eigen's) select of 1 / (1 + e) and 1 - 1 / (1 + e),
+    # which is exactly 0 from about -36.74 down.
+    for i in range(x.size):
+        inv = 1 / (1 + e[i])
+        e[i] = inv if x[i] >= 0 else 1 - inv
+
+
+def _minus_abs(x: np.ndarray, e: np.ndarray) -> None:
+    np.negative(np.abs(x, out=e), out=e)
+
+
 def _minus_scaled_square(scale: float) -> Callable[[np.ndarray, np.ndarray], None]:
     def fill(x: np.ndarray, e: np.ndarray) -> None:
         np.multiply(x, x, out=e)
@@ -206,8 +219,8 @@ def _flat_loop(loop: Callable[..., None], *params: float) -> Callable[..., None]
 def _float32_as_onnxruntime(mlas_loop: Callable[[np.ndarray, np.ndarray], None],
                             other: Callable[[np.ndarray, np.ndarray], None],
                             ) -> Callable[[np.ndarray, np.ndarray], None]:
-    """float32 by ``mlas_loop`` (onnxruntime's kernel, .mlas); float64, which onnxruntime's
-    CPU provider has no kernel for, by ``other``."""
+    """float32 by ``mlas_loop`` (onnxruntime's MLAS kernel, .mlas); float64 by ``other``
+    (onnxruntime's Eigen code for Sigmoid and Tanh; it has no float64 Erf or Gelu kernel)."""
     def run(x: np.ndarray, out: np.ndarray) -> None:
         if x.dtype == np.float32:
             mlas_loop(x.reshape(-1), out.reshape(-1))
@@ -227,10 +240,12 @@ _ACTIVATIONS: dict[str, tuple[tuple[float, ...], _Builder]] = {
     "LeakyRelu": ((0.01,), lambda p: _flat_loop(_leaky_relu, p[0])),
     "Clip": ((-math.inf, math.inf),
              lambda p: lambda x, out: np.clip(x, p[0], p[1], out=out)),
-    "Sigmoid": ((), lambda p: sigmoid),
+    "Sigmoid": ((), lambda p: _float32_as_onnxruntime(
+        sigmoid32, _with_exp(_minus_abs, _sigmoid64_finish))),
     "HardSigmoid": ((0.2, 0.5), lambda p: _flat_loop(_hard_sigmoid, p[0], p[1])),
     "HardSwish": ((), lambda p: _flat_loop(_hard_swish)),
-    "Tanh": ((), lambda p: tanh),
+    "Tanh": ((), lambda p: _float32_as_onnxruntime(
+        tanh_loop32, lambda x, out: np.tanh(x, out=out))),
     "Gelu": ((0.0,), lambda p: _float32_as_onnxruntime(
         gelu_tanh32, _with_exp(_flat_loop(_gelu_tanh_arg), _gelu_tanh_finish)) if p[0]
         else _float32_as_onnxruntime(gelu32, _with_exp(_minus_scaled_square(_SQRT_HALF),

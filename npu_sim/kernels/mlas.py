@@ -26,9 +26,7 @@ from 9 on (numpy's from about 10) and on either side of it from 7.999 (up to 1.0
 is exactly -0 below about -5.54. A Sign, a comparison or a Log downstream sees such a
 difference however small it is.
 
-float64 Sigmoid is onnxruntime's Eigen expression: ``1 / (1 + exp(-|x|))`` for x >= 0, and 1
-minus that for x < 0 (exactly 0 from about -36.74 down); float64 Tanh is numpy's, within 1e-15
-(relative) of onnxruntime's Eigen tanh.
+float64 is not here: onnxruntime computes it with Eigen (``.activations``).
 """
 
 from __future__ import annotations
@@ -223,34 +221,3 @@ def bias_sigmoid32(y, b, gate):  # pragma: no cover - numba
             for p in range(row.size):
                 v = row[p] + bias
                 row[p] = v * _gate32(v) if gate else logistic32(v)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _sigmoid64_finish(x, e):  # pragma: no cover - numba
-    # e = exp(-|x|) <= 1 on entry; onnxruntime's select of 1 / (1 + e) and 1 - 1 / (1 + e).
-    for i in range(x.size):
-        inv = 1 / (1 + e[i])
-        e[i] = inv if x[i] >= 0 else 1 - inv
-
-
-def tanh(x: np.ndarray, out: np.ndarray) -> None:
-    """``out = tanh(x)`` for C-contiguous float32 (MLAS's) or float64 (numpy's) arrays."""
-    if x.dtype == np.float32:
-        tanh_loop32(x.reshape(-1), out.reshape(-1))
-    else:
-        np.tanh(x, out=out)
-
-
-def sigmoid(x: np.ndarray, out: np.ndarray) -> None:
-    """``out = sigmoid(x)`` for C-contiguous float32 or float64 arrays of one shape and dtype
-    (``out`` may be ``x``): float32 by :func:`logistic32`, float64 by onnxruntime's formula."""
-    flat, dest = x.reshape(-1), out.reshape(-1)
-    if x.dtype == np.float32:
-        sigmoid32(flat, dest)
-        return
-    e = np.empty_like(flat) if np.may_share_memory(x, out) else dest  # x's signs are read last
-    np.negative(np.abs(flat, out=e), out=e)
-    np.exp(e, out=e)
-    _sigmoid64_finish(flat, e)
-    if e is not dest:
-        np.copyto(dest, e)
