@@ -7,7 +7,15 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from kernels import FLOATS, check_against_ort, random_array, run_kernel, seeds
+from kernels import (
+    FLOATS,
+    assert_matches,
+    check_against_ort,
+    ort_reference,
+    random_array,
+    run_kernel,
+    seeds,
+)
 from npu_sim.errors import KernelError
 from npu_sim.kernels.registry import lookup
 
@@ -61,6 +69,46 @@ def test_max_pool_and_indices_match_ort(case, seed, dtype):
         check_against_ort("MaxPool", [x], attrs)
     else:
         check_against_ort("MaxPool", [x], attrs, n_outputs=2)
+
+
+def _awkward(seed: int, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """Values with ties, both zeros, infinities and NaNs at random places."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-3, 4, shape).astype(np.float32)
+    special = rng.choice([np.nan, -np.inf, np.inf, -0.0, 0.0], shape)
+    return np.where(rng.random(shape) < 0.2, special, x).astype(dtype)
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=pool_case("MaxPool"), seed=seeds, dtype=st.sampled_from(FLOATS))
+def test_max_pool_without_indices_gives_the_indices_loops_bits_and_ort(case, seed, dtype):
+    # A launch with one output hands ``out`` of one entry: 1- and 2-D pools then take the
+    # two-pass loop; its maxima must be the indices loop's, bit for bit (NaNs skipped, the
+    # first of tied zeros kept), and onnxruntime's on finite values.
+    shape, attrs = case
+    x = _awkward(seed, shape, dtype)
+    (want, _) = run_kernel("MaxPool", [x], attrs)
+    out = np.full(want.shape, 7, dtype)
+    (got,) = lookup("MaxPool").values([x], attrs, out=[out])
+    assert got.tobytes() == want.tobytes()
+    assert (got is out) == (dtype == np.float32 and len(shape) <= 4)  # 3-D: the indices loop
+    finite = np.where(np.isfinite(x), x, 1).astype(dtype)
+    (ref,) = ort_reference("MaxPool", [finite], attrs)
+    assert_matches(lookup("MaxPool").values([finite], attrs, out=[None]), [ref])
+
+
+@pytest.mark.parametrize(("shape", "attrs"), [
+    ((1, 64, 112, 112), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((2, 3, 9, 31), {"kernel_shape": [2, 5], "strides": [3, 2], "dilations": [2, 3],
+                      "pads": [1, 4, 1, 2], "ceil_mode": 1}),
+    ((1, 4, 40), {"kernel_shape": [4], "strides": [3], "auto_pad": "SAME_UPPER"}),
+])
+def test_max_pool_without_indices_on_wide_rows_matches_the_indices_loop(shape, attrs):
+    # rows long enough for the vector loops, edges on both sides, stride and dilation
+    x = _awkward(11, shape, np.float32)
+    (want, _) = run_kernel("MaxPool", [x], attrs)
+    (got,) = lookup("MaxPool").values([x], attrs, out=[None])
+    assert got.tobytes() == want.tobytes()
 
 
 @pytest.mark.parametrize("storage_order", [0, 1])
