@@ -278,6 +278,29 @@ def _global(op: str, inputs: Sequence[np.ndarray | None]) -> tuple[np.ndarray, t
     return x, tuple(range(2, x.ndim))
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def _plane_means(planes, out):  # pragma: no cover - compiled
+    """``out[p]``: the mean of row ``p`` of ``planes`` (P, n) float32, in the order of
+    onnxruntime's MLAS global pooling kernel: four running sums from 0 over the elements in
+    fours, added as (first + third) + (second + fourth), then the rest one by one, divided by
+    ``n`` (0 / 0, NaN, for an empty row)."""
+    n = planes.shape[1]
+    size = np.float32(n)
+    fours = n - n % 4
+    for p in range(planes.shape[0]):
+        row = planes[p]
+        a0 = a1 = a2 = a3 = np.float32(0)
+        for i in range(0, fours, 4):
+            a0 += row[i]
+            a1 += row[i + 1]
+            a2 += row[i + 2]
+            a3 += row[i + 3]
+        total = (a0 + a2) + (a1 + a3)
+        for i in range(fours, n):
+            total += row[i]
+        out[p] = total / size
+
+
 @kernel("GlobalAveragePool", writes_into=True)
 def global_average_pool(
     inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
@@ -286,20 +309,21 @@ def global_average_pool(
     """ONNX GlobalAveragePool: the mean over all spatial dims, kept as size-1 dims; ``out``:
     see :attr:`.registry.Kernel.writes_into`.
 
-    ``np.mean``'s arithmetic on a contiguous input (a float32 sum over each plane, divided by
-    its size; the same bits), without its Python: a squeeze-excite's 7x7 planes took 20-29 us a
-    launch, mostly ``np.mean``'s own code.
+    onnxruntime's bits (:func:`_plane_means`, MLAS's order), as its CPU provider gives them
+    at every optimization level but where its NCHWc layout transform takes the node (level
+    ALL with a channel count the machine's channel block divides), whose kernel sums each
+    plane in order. numpy's pairwise sum, used before, was an ulp or so off, which a float16
+    graph's ``x - Cast(Cast(x))`` makes thousands of fp16 ulps (a property-test seed found
+    it). One numba call: a squeeze-excite's 576 planes of 7x7 4.5 against 15 us.
     """
     x, axes = _global("GlobalAveragePool", inputs)
     n, c = x.shape[:2]
-    planes = to_compute("GlobalAveragePool", "X", x).reshape(n, c, math.prod(x.shape[2:]))
+    planes = to_compute("GlobalAveragePool", "X", x).reshape(n * c, math.prod(x.shape[2:]))
     shape = (n, c) + (1,) * len(axes)
     into = computes_into(out, shape, np.dtype(x.dtype))
-    sums = np.empty((n, c), np.float32) if into is None else into.reshape(n, c)
-    np.add.reduce(planes, axis=2, out=sums)
-    with np.errstate(invalid="ignore"):  # an empty plane: 0 / 0, NaN as np.mean gives
-        np.divide(sums, np.float32(planes.shape[2]), out=sums)
-    return [into if into is not None else sums.reshape(shape).astype(x.dtype)]
+    means = np.empty(n * c, np.float32) if into is None else into.reshape(n * c)
+    _plane_means(np.ascontiguousarray(planes), means)
+    return [into if into is not None else means.reshape(shape).astype(x.dtype)]
 
 
 @kernel("GlobalMaxPool")

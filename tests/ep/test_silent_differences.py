@@ -139,6 +139,32 @@ def test_sign_of_a_saturated_sigmoid_gives_onnxruntimes_result():
     assert assert_matches_onnxruntime(model, {"x": x}, rtol=0, atol=0) is not None
 
 
+def test_float16_global_average_pool_minus_its_rounding_gives_onnxruntimes_result():
+    """onnxruntime runs this float16 graph's Add and GlobalAveragePool in float32 and feeds the
+    Sub the unrounded mean, so ``t - Split(Concat(t))`` is the mean's float16 rounding error.
+    A mean one float32 ulp off (numpy's pairwise sum) moved it by 4 float16 ulps (found by the
+    kit's property test under random examples); the NPU now sums in MLAS's order."""
+    h = TensorProto.FLOAT16
+    w = numpy_helper.from_array(np.array([[[[0.06287, -0.06604, 0.3203, 0.05246],
+                                            [-0.2678, 0.1808, 0.652, 0.4736],
+                                            [-0.3518, -0.633, -0.3115, 0.02066]]]],
+                                         np.float16), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["w", "x"], ["a"], name="add"),
+         helper.make_node("GlobalAveragePool", ["a"], ["t"], name="gap"),
+         helper.make_node("Concat", ["t", "t"], ["c"], axis=0, name="concat"),
+         helper.make_node("Split", ["c"], ["s0", "s1"], axis=0, num_outputs=2, name="split"),
+         helper.make_node("Sub", ["t", "s0"], ["y"], name="sub")],
+        "g", [helper.make_tensor_value_info("x", h, (1, 1, 3, 4))],
+        [helper.make_tensor_value_info("y", h, (1, 1, 1, 1))], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    x = np.array([[[[125.75, -132.1, 640.5, 104.9], [-535.5, 361.5, 1304.0, 947.0],
+                    [-703.5, -1265.0, -623.5, 41.3]]]], np.float16)
+    (y,) = assert_matches_onnxruntime(model, {"x": x})
+    placed = ep.InferenceSession(model.SerializeToString()).get_node_assignment()
+    assert y[0, 0, 0, 0] != 0 and placed["gap"] == NPU  # the float32 mean, on the NPU
+
+
 @pytest.mark.parametrize("shapes", [[(2, 3), (2, 3)], [(2, 3), (4,)]])
 def test_sequence_feeds_reach_onnxruntime_as_sequences(shapes):
     # numpy turned equal-shape lists into one tensor (refused) and unequal ones into a raw
