@@ -33,7 +33,7 @@ from . import binary_layout as L
 from .binary_records import Decoder
 from .external_weights import ExternalFiles, ExternalWeightFile, open_external
 from .version import FORMAT_VERSION, READABLE_MAJORS, SDK_VERSION, sdk_major
-from .weight_checks import BlockChecks, weight_blocks
+from .weight_checks import BlockChecks, start_thread, weight_blocks
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,9 @@ def remember(path: str | os.PathLike[str] | None = None, *,
     """Decode the context binary just written at ``path`` (or held in ``data``, embed mode)
     into :data:`~ep.npusim.binary_cache.DECODED`, so its first load finds its records decoded.
     It decodes the file's own bytes, as a load does (the same function on the same bytes), and
-    reads only its metadata; a binary that does not decode is not kept (its load says why)."""
+    reads only its metadata; a binary that does not decode is not kept (its load says why).
+    The checksum thread is started too, for the same first load."""
+    start_thread()
     mapping = None
     try:
         if data is None:
