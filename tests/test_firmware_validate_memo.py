@@ -1,7 +1,7 @@
 """The loader's memo of validated program structures (``firmware_model.validate.MEMO``): a
-program made of the very objects that passed before, on the same device shape, skips the
-structural checks, and gets the same commands and, for its weights, the same errors as a full
-validation."""
+program made of the very objects that passed before skips the structural checks, and gets the
+same commands and, for its weights and its device (core masks, semaphores), the same errors as
+a full validation."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from firmware_model import commands as fc
 from firmware_model.program import KernelLaunch, Program, Region, TensorDesc, reloc
-from firmware_model.validate import MEMO, validate
+from firmware_model.validate import MEMO, validate, validate_structure
 from npu_sim.errors import InvalidCommand
 from npu_sim.kernels import registry
 
@@ -24,12 +24,13 @@ def empty_memo():
     MEMO.clear()
 
 
-def program(op: str = "Relu", core_mask: int = 0b10) -> Program:
+def program(op: str = "Relu", core_mask: int = 0b10, launch: int = 0) -> Program:
     tensors = (TensorDesc("x", (1, 8), "float32", Region.ARENA, 0),
                TensorDesc("w", (8,), "float32", Region.WEIGHTS, 0),
                TensorDesc("y", (1, 8), "float32", Region.ARENA, 64))
     stream = fc.pack([fc.Dma(1, reloc(Region.ARENA, 0), reloc(Region.ARENA, 64), 32),
-                      fc.Kernel(2, 0, core_mask, deps=(1,))])
+                      fc.Kernel(2, launch, core_mask, deps=(1,)), fc.Signal(3, 2, 1),
+                      fc.Wait(4, 2, 1, deps=(3,))])
     return Program("p", tensors, (KernelLaunch(op, (0, 1), (2,), {}, "n"),), stream, (0,),
                    (2,), {1: np.arange(8, dtype=np.float32).tobytes()}, 128)
 
@@ -62,11 +63,28 @@ def test_weights_are_checked_on_every_load_with_the_full_validations_errors(weig
     assert isinstance(memoized, str) and memoized == outcome(bad)
 
 
-def test_another_device_shape_is_validated_again():
+@pytest.mark.parametrize(("device", "problem"), [
+    ({"cores": 1}, "core_mask 0x2 names cores beyond the device's 1"),
+    ({"semaphores": 2}, "semaphore 2 out of range [0, 2)"),
+])
+def test_the_device_is_checked_on_every_load_with_the_full_validations_errors(device, problem):
     p = program(core_mask=0b10)
     validate(p, cores=2, semaphores=4)
-    got = outcome(p, cores=1)
-    assert isinstance(got, str) and "core_mask 0x2 names cores beyond the device's 1" in got
+    bad = dataclasses.replace(p, weights={1: bytes(31)})
+    memoized = outcome(bad, **device)
+    MEMO.clear()
+    assert isinstance(memoized, str) and problem in memoized and memoized == outcome(bad, **device)
+
+
+def test_a_structure_validated_alone_serves_every_device_and_weights():
+    p = program()
+    validate_structure(dataclasses.replace(p, weights={}))
+    assert len(MEMO._items) == 1
+    got = validate(p, cores=2, semaphores=4)
+    narrow = outcome(p, cores=1)
+    MEMO.clear()
+    assert got == validate(p, cores=2, semaphores=4) and narrow == outcome(p, cores=1)
+    assert "core_mask" in narrow
 
 
 def test_a_kernel_unregistered_since_is_reported():
@@ -91,8 +109,9 @@ def test_a_structure_holding_mutable_values_is_not_kept():
 
 
 def test_a_structure_with_problems_is_not_kept():
-    p = program(core_mask=0b100)
+    p = program(launch=3)
     assert isinstance(outcome(p), str)
+    validate_structure(p)  # reports nothing
     assert len(MEMO._items) == 0
 
 

@@ -27,6 +27,7 @@ from types import TracebackType
 
 from ep.errors import InvalidGraph
 from firmware_model.program import Program
+from firmware_model.validate import validate_structure
 
 from . import binary_cache
 from . import binary_layout as L
@@ -223,7 +224,9 @@ def remember(path: str | os.PathLike[str] | None = None, *,
     into :data:`~ep.npusim.binary_cache.DECODED`, so its first load finds its records decoded.
     It decodes the file's own bytes, as a load does (the same function on the same bytes), and
     reads only its metadata; a binary that does not decode is not kept (its load says why).
-    The checksum thread is started too, for the same first load."""
+    The programs' structure is validated for the firmware's loader
+    (:func:`~firmware_model.validate.validate_structure`), and the checksum thread started,
+    for the same first load."""
     start_thread()
     mapping = None
     try:
@@ -233,16 +236,20 @@ def remember(path: str | os.PathLike[str] | None = None, *,
         view = memoryview(mapping if mapping is not None else data).cast("B").toreadonly()
         header, _, by_kind = _read_table(view, None, None)
         bodies = _bodies(view, by_kind)
-        length = len(bodies.pop(L.SectionKind.WEIGHTS))
-        key = binary_cache.key(header.format_version, bodies, length)
+        weights = bodies.pop(L.SectionKind.WEIGHTS)
+        key = binary_cache.key(header.format_version, bodies, len(weights))
         if binary_cache.DECODED.get(key) is None:
-            decoder = Decoder(bodies, length)
+            decoder = Decoder(bodies, len(weights))
             decoder.external_refs()
-            binary_cache.DECODED.put(key, decoder.decode())
+            decoded = decoder.decode()
+            binary_cache.DECODED.put(key, decoded)
+            for name, template in decoded.programs.items():
+                if name not in decoded.sources:  # its weights are all in the binary
+                    validate_structure(template.bind(weights, ()))
     except (OSError, ValueError, InvalidGraph):
         return
-    finally:
-        view = bodies = decoder = None  # views into the mapping, released before closing it
+    finally:  # views into the mapping, released before closing it
+        view = bodies = weights = decoder = None
         _release(mapping)
 
 

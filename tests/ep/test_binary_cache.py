@@ -24,6 +24,7 @@ from ep.npusim.binary import ContextBinary, pack_context, write_context_binary
 from ep.npusim.binary_reader import remember
 from ep.npusim.binary_records import Decoded, Template
 from firmware_model.program import Program
+from firmware_model.validate import MEMO
 
 DIGEST = "0f" * 32
 
@@ -86,10 +87,13 @@ def test_a_hit_gives_the_programs_of_a_fresh_decode_bound_to_its_own_mapping(tmp
 
 def test_remembering_a_written_binary_equals_decoding_it(tmp_path):
     path = write(tmp_path)
+    MEMO.clear()
     remember(path)
     assert len(binary_cache.DECODED) == 1
     seeded = ContextBinary.open(path)
     assert binary_cache.DECODED.hits == 1
+    # the structure was validated for the loader when remembered: the first load skips it
+    assert all(MEMO.get(p) is not None for p in seeded.programs())
     same_binary(seeded, fresh(path))
     data = pack_context(sample_programs(), hardware_architecture="npu-m", config_digest=DIGEST)
     binary_cache.DECODED.clear()
