@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,7 +23,7 @@ from npu_sim.errors import InvalidCommand, NpuSimError
 from npu_sim.kernels import registry
 
 from .commands import Command, Dma, Kernel, Signal, Wait, unpack
-from .program import Program, Region, TensorDesc, split_reloc
+from .program import KernelLaunch, Program, Region, TensorDesc, split_reloc
 from .upload import host_address, host_bytes
 
 SCOPE = "npu.fw.loader"
@@ -46,37 +49,151 @@ def validate(program: Program, *, cores: int, semaphores: int,
 
     Raises InvalidCommand listing every problem (``.problems`` holds them one per entry).
     ``functional=False`` allows weights to be absent (a timing-only load).
+
+    A program whose structure (tensors, launches, commands, inputs, outputs: the very objects)
+    passed before is not checked again (:class:`_Memo`); its weights and what depends on the
+    device (core masks, semaphores) are, on every load, with the same problems.
     """
+    memo = MEMO.get(program)
+    if memo is not None:
+        problems: list[str] = []
+        _check_weights(program, memo.nbytes, memo.weight_idx, problems, functional)
+        for c in memo.commands:
+            _check_device(c, problems, cores, semaphores)
+        if problems:
+            raise _problem_error(program, problems)
+        return list(memo.commands)
+    problems, commands = _validate(program, functional, cores, semaphores)
+    if problems:
+        raise _problem_error(program, problems)
+    return commands
+
+
+def validate_structure(program: Program) -> None:
+    """Validate what of ``program`` does not depend on a device or its weights' bytes, and keep
+    it in :data:`MEMO` if sound, so its first load checks only the rest (a context binary just
+    written, whose records the EP keeps decoded). Reports nothing: a load reports problems."""
+    if MEMO.get(program) is None:
+        _validate(program, True, None, None)
+
+
+def _validate(program: Program, functional: bool, cores: int | None,
+              semaphores: int | None) -> tuple[list[str], list[Command]]:
+    """Every problem of ``program`` (without a device's, when ``cores`` is None) and its
+    decoded commands; a sound structure goes into :data:`MEMO`."""
     problems: list[str] = []
     sizes = {Region.ARENA: program.arena_bytes, Region.WEIGHTS: 0}
     if isinstance(program.arena_bytes, bool) or not isinstance(program.arena_bytes, int) \
             or program.arena_bytes < 0:
         problems.append(f"arena_bytes={program.arena_bytes!r}; expected an int >= 0")
         sizes[Region.ARENA] = 0
-    nbytes, weight_idx, sizes[Region.WEIGHTS] = _check_tensors(program, sizes[Region.ARENA],
-                                                               problems)
+    nbytes, weight_idx, sizes[Region.WEIGHTS], plain = _check_tensors(
+        program, sizes[Region.ARENA], problems)
     _check_io(program, nbytes, problems)
+    structural = len(problems)
     _check_weights(program, nbytes, weight_idx, problems, functional)
+    elsewhere = len(problems) - structural  # weights' problems, then the device's
     _check_launches(program, problems)
     commands: list[Command] = []
     try:
         commands = unpack(program.commands)
     except InvalidCommand as exc:
         problems.append(f"command stream: {exc.message}")
-    _check_commands(program, commands, sizes, problems, cores=cores, semaphores=semaphores)
-    if problems:
-        raise _problem_error(program, problems)
-    return commands
+    elsewhere += _check_commands(program, commands, sizes, problems, cores=cores,
+                                 semaphores=semaphores)
+    if plain and len(problems) == elsewhere:  # sound, whatever the weights and the device
+        MEMO.put(program, nbytes, weight_idx, commands)
+    return problems, commands
+
+
+@dataclass(frozen=True, eq=False)
+class _Passed:
+    """A program structure that passed :func:`validate`: the objects themselves (held, so their
+    ids stay theirs while the entry lives) and what validating them found."""
+
+    tensors: tuple[TensorDesc, ...]
+    launches: tuple[KernelLaunch, ...]
+    commands_bytes: bytes
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    arena_bytes: int
+    ops: frozenset[str]
+    nbytes: list[int | None]
+    weight_idx: list[int]
+    commands: tuple[Command, ...]
+
+
+class _Memo:
+    """The program structures that passed validation lately (an LRU of ``entries``), found by
+    identity: a program read again from a context binary whose decoded records were kept
+    (:mod:`ep.npusim.binary_cache`) shares its tensors, launches and command bytes with the
+    previous load (or with the records decoded when the binary was written, which the EP gives
+    :func:`validate_structure`), and skips their checks (MobileNet-V3's 64 launches: about
+    0.2 ms a load). Only structures made of immutable values are kept (tuples of ints, frozen
+    records, bytes), so the same objects cannot hold other values later; a kernel unregistered since
+    makes the entry not apply. Thread-safe."""
+
+    def __init__(self, entries: int = 16) -> None:
+        self.entries = entries
+        self._items: OrderedDict[int, _Passed] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, program: Program) -> _Passed | None:
+        with self._lock:
+            found = self._items.get(id(program.tensors))
+            if found is None or found.tensors is not program.tensors \
+                    or found.launches is not program.launches \
+                    or found.commands_bytes is not program.commands \
+                    or found.inputs is not program.inputs or found.outputs is not program.outputs \
+                    or found.arena_bytes != program.arena_bytes:
+                return None
+            self._items.move_to_end(id(program.tensors))
+        return found if found.ops.issubset(registry.names()) else None
+
+    def put(self, program: Program, nbytes: list[int | None], weight_idx: list[int],
+            commands: list[Command]) -> None:
+        if not _immutable(program):
+            return
+        passed = _Passed(program.tensors, program.launches, program.commands, program.inputs,
+                         program.outputs, program.arena_bytes,
+                         frozenset(launch.op for launch in program.launches), nbytes, weight_idx,
+                         tuple(commands))
+        with self._lock:
+            self._items[id(program.tensors)] = passed
+            self._items.move_to_end(id(program.tensors))
+            while len(self._items) > self.entries:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+def _immutable(program: Program) -> bool:
+    """Whether ``program``'s structure is made of values that cannot change (what a decoded
+    binary gives; a program built by hand may hold lists), its tensors known to be
+    (``_check_tensors``)."""
+    if type(program.tensors) is not tuple or type(program.launches) is not tuple \
+            or type(program.commands) is not bytes or type(program.inputs) is not tuple \
+            or type(program.outputs) is not tuple or type(program.arena_bytes) is not int:
+        return False
+    return all(type(k) is KernelLaunch and type(k.op) is str and type(k.inputs) is tuple
+               and type(k.outputs) is tuple for k in program.launches)
+
+
+MEMO = _Memo()
+"""The process's memo of validated program structures (see :class:`_Memo`)."""
 
 
 _ITEMSIZE = {name: dtypes.itemsize(name) for name in dtypes.DTYPES}
 
 
 def _check_tensors(program: Program, arena: int,
-                   problems: list[str]) -> tuple[list[int | None], list[int], int]:
+                   problems: list[str]) -> tuple[list[int | None], list[int], int, bool]:
     """Per-tensor checks, and each ARENA tensor's end against ``arena`` (the arena's size);
     returns each tensor's byte size (None when it cannot be known), the indices of the WEIGHTS
-    tensors and the end of the WEIGHTS region (the largest end of its tensors), all in one pass.
+    tensors, the end of the WEIGHTS region (the largest end of its tensors) and whether every
+    tensor was plainly sound and made of immutable values (see below), all in one pass.
 
     A tensor that is plainly sound (a tuple of ints >= 0, a known dtype, ARENA or WEIGHTS, an
     aligned int offset: every tensor of a decoded binary) is sized inline; any other goes
@@ -87,6 +204,7 @@ def _check_tensors(program: Program, arena: int,
     weights_end = 0
     past: list[str] = []  # ARENA tensors past its end, reported after every tensor's own checks
     itemsize, prod, in_arena, in_weights = _ITEMSIZE, math.prod, Region.ARENA, Region.WEIGHTS
+    plain = True
     for i, t in enumerate(program.tensors):
         shape, offset, region = t.shape, t.offset, t.region
         item = itemsize.get(t.dtype) if type(t.dtype) is str else None
@@ -99,6 +217,7 @@ def _check_tensors(program: Program, arena: int,
             else:
                 n = prod(shape) * item
         if n is None:
+            plain = False
             n = _check_tensor(i, t, problems)
         nbytes.append(n)
         if region == in_weights:
@@ -109,7 +228,8 @@ def _check_tensors(program: Program, arena: int,
             past.append(f"tensor {i} {t.name!r}: [{offset}, {offset + n}) ends past the "
                         f"arena of {program.arena_bytes} bytes")
     problems.extend(past)
-    return nbytes, weight_idx, weights_end
+    return nbytes, weight_idx, weights_end, plain and all(type(t) is TensorDesc
+                                                          for t in program.tensors)
 
 
 def _check_tensor(i: int, t: TensorDesc, problems: list[str]) -> int | None:
@@ -271,8 +391,12 @@ def _check_launches(program: Program, problems: list[str]) -> None:
 
 
 def _check_commands(program: Program, commands: list[Command], sizes: dict[Region, int],
-                    problems: list[str], *, cores: int, semaphores: int) -> None:
+                    problems: list[str], *, cores: int | None,
+                    semaphores: int | None) -> int:
+    """The commands' problems; those of the device (:func:`_check_device`, skipped when
+    ``cores`` is None) in their place among them. Returns how many those were."""
     seen: set[int] = set()
+    device = 0
     for c in commands:
         where = f"command {c.cmd_id}"
         if c.cmd_id in seen:
@@ -288,15 +412,27 @@ def _check_commands(program: Program, commands: list[Command], sizes: dict[Regio
                     problems.append(f"{where}: DMA {role}: {msg}")
             if c.nbytes == 0:
                 problems.append(f"{where}: DMA of 0 bytes")
-        elif isinstance(c, Kernel):
-            if c.launch >= len(program.launches):
-                problems.append(f"{where}: launch index {c.launch} out of range; the program "
-                                f"has {len(program.launches)} launches")
-            if c.core_mask >> cores:
-                problems.append(f"{where}: core_mask {c.core_mask:#x} names cores beyond the "
-                                f"device's {cores}")
-        elif isinstance(c, (Signal, Wait)) and c.semaphore >= semaphores:
-            problems.append(f"{where}: semaphore {c.semaphore} out of range [0, {semaphores})")
+        elif isinstance(c, Kernel) and c.launch >= len(program.launches):
+            problems.append(f"{where}: launch index {c.launch} out of range; the program "
+                            f"has {len(program.launches)} launches")
+        if cores is not None and semaphores is not None:
+            device += _check_device(c, problems, cores, semaphores)
+    return device
+
+
+def _check_device(c: Command, problems: list[str], cores: int, semaphores: int) -> int:
+    """A command's problems on a device with ``cores`` cores and ``semaphores`` semaphores
+    (a KERNEL's core mask, a SIGNAL's or WAIT's semaphore); returns how many."""
+    if isinstance(c, Kernel):
+        if c.core_mask >> cores:
+            problems.append(f"command {c.cmd_id}: core_mask {c.core_mask:#x} names cores "
+                            f"beyond the device's {cores}")
+            return 1
+    elif isinstance(c, (Signal, Wait)) and c.semaphore >= semaphores:
+        problems.append(f"command {c.cmd_id}: semaphore {c.semaphore} out of range "
+                        f"[0, {semaphores})")
+        return 1
+    return 0
 
 
 def _check_reloc(address: int, nbytes: int, sizes: dict[Region, int], writes: bool) -> str:

@@ -117,10 +117,21 @@ class HostMap:
         out: list[tuple[np.ndarray, int, bool]] = []
         arrays_, starts, shared_ = self._arrays, self._starts, self._shared
         iova = self._next
+        # A read-only array over a read-only memoryview is immutable exactly when the object
+        # the memoryview exports is (a weight's bytes in a mapped binary): asked once an object.
+        exporters: dict[int, bool] = {}
         for array in arrays:
             arrays_[iova] = array
             starts.append(iova)  # addresses only grow: the list stays sorted
-            shared = share and immutable(array)
+            base = array.base
+            if not share:
+                shared = False
+            elif type(base) is memoryview and base.readonly and not array.flags.writeable:
+                shared = exporters.get(id(base.obj))
+                if shared is None:
+                    shared = exporters[id(base.obj)] = immutable(array)
+            else:
+                shared = immutable(array)
             if shared:
                 shared_.add(iova)
             out.append((array, iova, shared))

@@ -27,12 +27,14 @@ from types import TracebackType
 
 from ep.errors import InvalidGraph
 from firmware_model.program import Program
+from firmware_model.validate import validate_structure
 
+from . import binary_cache
 from . import binary_layout as L
 from .binary_records import Decoder
 from .external_weights import ExternalFiles, ExternalWeightFile, open_external
 from .version import FORMAT_VERSION, READABLE_MAJORS, SDK_VERSION, sdk_major
-from .weight_checks import BlockChecks, weight_blocks
+from .weight_checks import BlockChecks, start_thread, weight_blocks
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,68 @@ def _check_tiling(view: memoryview, header: L.ContextHeader,
 _KINDS = {int(kind): kind for kind in L.SectionKind}
 """The section kinds this reader knows (it skips others), by number."""
 
+
+def _read_table(view: memoryview, expected_architecture: str | None,
+                expected_config_digest: str | None,
+                ) -> tuple[L.ContextHeader, list[L.SectionEntry],
+                           dict[L.SectionKind, L.SectionEntry]]:
+    """The header, the section table and the known sections by kind, all checked."""
+    header = _parse_header(view, expected_architecture, expected_config_digest)
+    sections = _parse_sections(view, header)
+    by_kind: dict[L.SectionKind, L.SectionEntry] = {}
+    for entry in sections:
+        if entry.kind in by_kind:
+            raise InvalidGraph(f"section {entry.kind_name} appears more than once")
+        kind = _KINDS.get(entry.kind)
+        if kind is not None:
+            by_kind[kind] = entry
+    missing = [kind.name.lower() for kind in L.REQUIRED_SECTIONS if kind not in by_kind]
+    if missing:
+        raise InvalidGraph(f"required sections missing: {', '.join(missing)}")
+    return header, sections, by_kind
+
+
+def _bodies(view: memoryview,
+            by_kind: dict[L.SectionKind, L.SectionEntry]) -> dict[L.SectionKind, memoryview]:
+    return {kind: view[entry.offset : entry.offset + entry.length]
+            for kind, entry in by_kind.items()}
+
+
+def remember(path: str | os.PathLike[str] | None = None, *,
+             data: bytes | None = None) -> None:
+    """Decode the context binary just written at ``path`` (or held in ``data``, embed mode)
+    into :data:`~ep.npusim.binary_cache.DECODED`, so its first load finds its records decoded.
+    It decodes the file's own bytes, as a load does (the same function on the same bytes), and
+    reads only its metadata; a binary that does not decode is not kept (its load says why).
+    The programs' structure is validated for the firmware's loader
+    (:func:`~firmware_model.validate.validate_structure`), and the checksum thread started,
+    for the same first load."""
+    start_thread()
+    mapping = None
+    try:
+        if data is None:
+            with open(path, "rb") as f:
+                mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        view = memoryview(mapping if mapping is not None else data).cast("B").toreadonly()
+        header, _, by_kind = _read_table(view, None, None)
+        bodies = _bodies(view, by_kind)
+        weights = bodies.pop(L.SectionKind.WEIGHTS)
+        key = binary_cache.key(header.format_version, bodies, len(weights))
+        if binary_cache.DECODED.get(key) is None:
+            decoder = Decoder(bodies, len(weights))
+            decoder.external_refs()
+            decoded = decoder.decode()
+            binary_cache.DECODED.put(key, decoded)
+            for name, template in decoded.programs.items():
+                if name not in decoded.sources:  # its weights are all in the binary
+                    validate_structure(template.bind(weights, ()))
+    except (OSError, ValueError, InvalidGraph):
+        return
+    finally:  # views into the mapping, released before closing it
+        view = bodies = weights = decoder = None
+        _release(mapping)
+
+
 class ContextBinary:
     """A validated context binary: its header, section table and one program per graph.
 
@@ -209,24 +273,18 @@ class ContextBinary:
         view = memoryview(data).cast("B").toreadonly()
         external_folder = None if external_folder is None else Path(external_folder)
         self._external = ExternalFiles()
-        self.header = _parse_header(view, expected_architecture, expected_config_digest)
-        self.sections = _parse_sections(view, self.header)
-        by_kind: dict[L.SectionKind, L.SectionEntry] = {}
-        for entry in self.sections:
-            if entry.kind in by_kind:
-                raise InvalidGraph(f"section {entry.kind_name} appears more than once")
-            kind = _KINDS.get(entry.kind)
-            if kind is not None:
-                by_kind[kind] = entry
-        missing = [kind.name.lower() for kind in L.REQUIRED_SECTIONS if kind not in by_kind]
-        if missing:
-            raise InvalidGraph(f"required sections missing: {', '.join(missing)}")
+        self.header, self.sections, by_kind = _read_table(view, expected_architecture,
+                                                          expected_config_digest)
         weights = by_kind[L.SectionKind.WEIGHTS]
         blocks = weight_blocks(view, self.sections.index(weights), weights,
                                 by_kind[L.SectionKind.WEIGHT_CHECKSUMS])
-        decoder = Decoder(view, by_kind)
-        self._external = open_external(decoder.external_refs(), external_folder)
-        decoder.external = self._external.views
+        bodies = _bodies(view, by_kind)
+        weights_body = bodies.pop(L.SectionKind.WEIGHTS)
+        key = binary_cache.key(self.header.format_version, bodies, weights.length)
+        decoded = binary_cache.DECODED.get(key)
+        decoder = Decoder(bodies, weights.length) if decoded is None else None
+        refs = decoder.external_refs() if decoder is not None else decoded.external_refs
+        self._external = open_external(refs, external_folder)
         self.external_weights = list(self._external.listing)
         """Every external weight the binary refers to (path, size, offset, id), in its order."""
         # The weights' blocks are verified while the records are decoded (and, with
@@ -235,15 +293,18 @@ class ContextBinary:
         # waits for them.
         checks = BlockChecks(view, blocks, _mapping)
         try:
-            programs = decoder.graphs()
-            self._sources = decoder.sources
-            self._digests = decoder.digests(list(programs))
+            if decoder is not None:
+                decoded = decoder.decode()
+                binary_cache.DECODED.put(key, decoded)
+            external = self._external.views
+            programs = {name: template.bind(weights_body, external)
+                        for name, template in decoded.programs.items()}
+            self._sources = decoded.sources
+            self._digests = decoded.digests
             self.weights_summary = WeightsSummary(
-                blobs=len(decoder.blobs), references=len(decoder.references),
-                referenced_bytes=sum(decoder.references),
-                distinct_bytes=sum(length for _, _, length in decoder.blobs),
-                section_bytes=by_kind[L.SectionKind.WEIGHTS].length,
-            )
+                blobs=decoded.blobs, references=decoded.references,
+                referenced_bytes=decoded.referenced_bytes,
+                distinct_bytes=decoded.distinct_bytes, section_bytes=weights.length)
         except BaseException:
             checks.wait()
             raise

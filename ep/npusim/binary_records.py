@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
 
 from ep.errors import InvalidGraph
 from firmware_model.program import AttrValue, KernelLaunch, Program, Region, TensorDesc
@@ -133,28 +135,78 @@ def _parse_strings(view: memoryview) -> list[str]:
     return strings
 
 
+WeightSpec = tuple[int, int, int, int]
+"""A program's weight as its record says: tensor index, source (0: the WEIGHTS section; k >= 1:
+external entry k - 1), offset and length."""
+
+
+@dataclass(frozen=True)
+class Template:
+    """A decoded program without its weights' bytes: every :class:`Program` field but
+    ``weights`` (and its ``weights_bytes``), and where each weight lies (:data:`WeightSpec`).
+    Holds no view of the binary, only values decoded from it."""
+
+    fields: Mapping[str, object]
+    weights: tuple[WeightSpec, ...]
+
+    def bind(self, weights: memoryview, external: Sequence[memoryview]) -> Program:
+        """The program, its weights views of ``weights`` (the WEIGHTS section of this load's
+        binary) and of ``external`` (this load's views of the EXTERNAL_WEIGHTS entries)."""
+        program = _new(Program)
+        program.__dict__.update(self.fields)
+        program.__dict__["weights"] = {
+            index: weights[offset : offset + length] if source == 0 else external[source - 1]
+            for index, source, offset, length in self.weights}
+        return program
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """Everything a context binary's records decode to that does not depend on where the
+    binary lies: a function of the metadata sections' bytes and the weights section's length
+    alone (:mod:`ep.npusim.binary_cache` keeps it across loads). Treat it as immutable."""
+
+    programs: Mapping[str, Template]
+    external_refs: tuple[ExternalRef, ...]
+    sources: Mapping[str, Mapping[int, int]]
+    """Graph -> tensor -> EXTERNAL_WEIGHTS entry, for weights kept in external files."""
+    digests: Mapping[str, str]
+    blobs: int
+    references: int
+    referenced_bytes: int
+    distinct_bytes: int
+
+
 class Decoder:
-    """Decodes the graph index and program records once the sections are known to be sound."""
+    """Decodes the graph index and program records once the sections are known to be sound.
 
-    def __init__(self, view: memoryview, sections: Mapping[L.SectionKind, L.SectionEntry]):
-        def body(kind: L.SectionKind) -> memoryview:
-            entry = sections[kind]
-            return view[entry.offset : entry.offset + entry.length]
+    ``bodies`` holds the bytes of each metadata section by kind (the WEIGHTS section need not
+    be there: only its length, ``weights_length``, matters to the records)."""
 
-        self.strings = _parse_strings(body(L.SectionKind.STRINGS))
-        self.programs_view = body(L.SectionKind.PROGRAMS)
-        self.commands_view = body(L.SectionKind.COMMANDS)
-        self.weights_view = body(L.SectionKind.WEIGHTS)
-        self.graphs_view = body(L.SectionKind.GRAPHS)
-        self.digests_view = body(L.SectionKind.GRAPH_DIGESTS) \
-            if L.SectionKind.GRAPH_DIGESTS in sections else None
-        self.external_view = body(L.SectionKind.EXTERNAL_WEIGHTS) \
-            if L.SectionKind.EXTERNAL_WEIGHTS in sections else None
-        self.external: list[memoryview] = []  # views of the EXTERNAL_WEIGHTS entries' bytes
+    def __init__(self, bodies: Mapping[L.SectionKind, memoryview], weights_length: int):
+        self.strings = _parse_strings(bodies[L.SectionKind.STRINGS])
+        self.programs_view = bodies[L.SectionKind.PROGRAMS]
+        self.commands_view = bodies[L.SectionKind.COMMANDS]
+        self.weights_length = weights_length
+        self.graphs_view = bodies[L.SectionKind.GRAPHS]
+        self.digests_view = bodies.get(L.SectionKind.GRAPH_DIGESTS)
+        self.external_view = bodies.get(L.SectionKind.EXTERNAL_WEIGHTS)
         self.external_refs_cache: list[ExternalRef] = []
         self.sources: dict[str, dict[int, int]] = {}  # graph -> tensor -> external entry
         self.blobs: set[tuple[int, int, int]] = set()  # distinct (source, offset, length)
         self.references: list[int] = []
+
+    def decode(self) -> Decoded:
+        """Every graph's program template, digest and weight references (call
+        :meth:`external_refs` first)."""
+        programs = self.graphs()
+        return Decoded(
+            programs=MappingProxyType(programs), external_refs=tuple(self.external_refs_cache),
+            sources=MappingProxyType({name: MappingProxyType(tensors)
+                                      for name, tensors in self.sources.items()}),
+            digests=MappingProxyType(self.digests(list(programs))), blobs=len(self.blobs),
+            references=len(self.references), referenced_bytes=sum(self.references),
+            distinct_bytes=sum(length for _, _, length in self.blobs))
 
     def external_refs(self) -> list[ExternalRef]:
         """The EXTERNAL_WEIGHTS entries (format 2.2; none in older files)."""
@@ -193,11 +245,11 @@ class Decoder:
         return {name: raw[i * L.DIGEST_SIZE:(i + 1) * L.DIGEST_SIZE].hex()
                 for i, name in enumerate(names)}
 
-    def graphs(self) -> dict[str, Program]:
+    def graphs(self) -> dict[str, Template]:
         cur = _Cursor(self.graphs_view, "section graphs")
         (count,) = cur.take(L.GRAPH_COUNT, "graph count")
         cur.need(count * L.GRAPH.size, f"{count} graph entries")
-        programs: dict[str, Program] = {}
+        programs: dict[str, Template] = {}
         for i in range(count):
             name_id, _, offset, length = cur.take(L.GRAPH, f"graph entry {i}")
             name = self.string(name_id, f"section graphs, entry {i}")
@@ -224,7 +276,7 @@ class Decoder:
             )
         return values
 
-    def program(self, name: str, cur: _Cursor) -> Program:
+    def program(self, name: str, cur: _Cursor) -> Template:
         (arch_id, _, arena, cmd_offset, cmd_length, n_tensors, n_launches, n_inputs, n_outputs,
          n_weights) = cur.take(L.PROGRAM, "program header")
         if cmd_offset + cmd_length > len(self.commands_view):
@@ -239,7 +291,7 @@ class Decoder:
         cur.need(n_weights * L.WEIGHT.size, f"{n_weights} weights")
         table = cur.view[cur.pos : cur.pos + n_weights * L.WEIGHT.size]
         cur.pos += len(table)
-        weights: dict[int, memoryview] = {}
+        weights: dict[int, WeightSpec] = {}
         for index, source, offset, length in L.WEIGHT.iter_unpack(table):
             if index >= n_tensors or index in weights:
                 raise InvalidGraph(
@@ -247,37 +299,40 @@ class Decoder:
                     "or repeated"
                 )
             if source == 0:
-                weights[index] = self.blob(offset, length, cur.where, index)
+                self.blob(offset, length, cur.where, index)
             else:
-                weights[index] = self.external_blob(source, offset, length, cur.where, index)
+                self.external_blob(source, offset, length, cur.where, index)
                 self.sources.setdefault(name, {})[index] = source - 1
+            weights[index] = (index, source, offset, length)
         cur.need(n_launches * L.LAUNCH.size, f"{n_launches} launches")
         launches = self.launches(cur, n_launches, n_tensors)
         cur.finish()
-        return Program(
-            name=name, tensors=tensors, launches=launches,
-            commands=self.commands_view[cmd_offset : cmd_offset + cmd_length].tobytes(),
-            inputs=inputs, outputs=outputs, weights=weights, arena_bytes=arena,
-            hardware_architecture=self.string(arch_id, cur.where),
-        )
+        in_weights = Region.WEIGHTS
+        return Template(MappingProxyType({
+            "name": name, "tensors": tensors, "launches": launches,
+            "commands": self.commands_view[cmd_offset : cmd_offset + cmd_length].tobytes(),
+            "inputs": inputs, "outputs": outputs, "arena_bytes": arena,
+            "hardware_architecture": self.string(arch_id, cur.where),
+            "weights_bytes": max((t.offset + t.nbytes for t in tensors if t.region is in_weights),
+                                 default=0),
+        }), tuple(weights.values()))
 
-    def blob(self, offset: int, length: int, where: str, index: int) -> memoryview:
-        """Weight of tensor ``index`` in the weights section (``where``: the program's label,
-        completed only when the blob is wrong)."""
-        if offset % L.WEIGHT_ALIGN or offset + length > len(self.weights_view):
+    def blob(self, offset: int, length: int, where: str, index: int) -> None:
+        """Check the weight of tensor ``index`` in the weights section (``where``: the
+        program's label, completed only when the blob is wrong)."""
+        if offset % L.WEIGHT_ALIGN or offset + length > self.weights_length:
             raise InvalidGraph(
                 f"{where}, weight of tensor {index}: blob at {offset} with length {length} "
                 f"must start at a multiple of {L.WEIGHT_ALIGN} and end by "
-                f"{len(self.weights_view)} (weights section size)"
+                f"{self.weights_length} (weights section size)"
             )
         self.blobs.add((0, offset, length))
         self.references.append(length)
-        return self.weights_view[offset : offset + length]
 
     def external_blob(self, source: int, offset: int, length: int, where: str,
-                      index: int) -> memoryview:
-        """Weight of tensor ``index`` in external file entry ``source - 1``; offset and length
-        must be the entry's."""
+                      index: int) -> None:
+        """Check the weight of tensor ``index`` in external file entry ``source - 1``; offset
+        and length must be the entry's."""
         refs = self.external_refs_cache
         if not 1 <= source <= len(refs) or (refs[source - 1].offset, refs[source - 1].length) \
                 != (offset, length):
@@ -287,7 +342,6 @@ class Decoder:
                 f"in [1, {len(refs)}] with the entry's offset and length")
         self.blobs.add((source, offset, length))
         self.references.append(length)
-        return self.external[source - 1]
 
     # Tables are read by a fast loop that checks everything but names nothing; at the first
     # record it finds wrong (or any it does not handle) the record-by-record reader below takes

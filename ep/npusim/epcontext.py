@@ -47,6 +47,7 @@ from ..framework import epcontext as E
 from ..framework.graph import GraphView
 from ..framework.provider import ComputeCapability, FusedNode, ProviderContext
 from .binary import ContextBinary, graph_digest, pack_context_listing, write_context_binary
+from .binary_reader import remember
 from .external_weights import ExternalSpec, ExternalWeightFile
 from .shared import EP_SHORT_NAME, SharedWorkspace, Staged
 from .version import SDK_VERSION, sdk_major
@@ -93,6 +94,7 @@ def make_context_nodes(
         payload, listing = pack_context_listing(programs, hardware_architecture=config.name,
                                                 config_digest=config.digest, external=external)
         size = len(payload)
+        remember(data=payload)
         cache_main: bytes | str = payload
         cache_other: bytes | str = b""
     else:
@@ -101,6 +103,7 @@ def make_context_nodes(
             raise existing_binary_error(path)
         listing = write_context_binary(path, programs, hardware_architecture=config.name,
                                        config_digest=config.digest, external=external)
+        remember(path)
         size = path.stat().st_size
         relative = path.name
         cache_main = cache_other = relative

@@ -11,16 +11,20 @@ the first wait and on every later one.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import mmap
 import os
 import struct
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
+
 from ep.errors import InvalidGraph
-from firmware_model.upload import drop_resident
+from firmware_model.upload import drop_resident, host_address
 
 from . import binary_layout as L
 
@@ -65,6 +69,12 @@ def _pool() -> ThreadPoolExecutor:
     thread (``L.crc32`` releases the GIL); started once, not per load: starting threads per
     load cost ~2.5 ms of a ~20 ms EPContext load, more on a busy machine."""
     return ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="npu_sim-crc")
+
+
+def start_thread() -> None:
+    """Start the checksum thread now, if it is not running (a process that has just written a
+    context binary is about to load one: its first load need not start the thread)."""
+    _pool().submit(int)
 
 
 if hasattr(os, "register_at_fork"):
@@ -219,7 +229,7 @@ def _crc32_then_drop(block: memoryview, mapping: mmap.mmap | None, start: int) -
     stay in the page cache): opening a binary does not hold its weights in memory twice.
 
     ``block`` is ``mapping[start:...]`` when the binary was opened from a file: its pages are
-    dropped by offset (about 5 us); without ``mapping`` (bytes given to ``from_bytes``),
+    dropped by address (:func:`_dontneed`); without ``mapping`` (bytes given to ``from_bytes``),
     ``drop_resident`` finds out whether they are a mapping's (about 20-90 us of numpy, which the
     thread ran holding the GIL the loading thread needs)."""
     crc = L.crc32(block)
@@ -229,6 +239,32 @@ def _crc32_then_drop(block: memoryview, mapping: mmap.mmap | None, start: int) -
     page = mmap.PAGESIZE
     lo, hi = -(-start // page) * page, (start + len(block)) // page * page
     if hi > lo:
+        _dontneed(mapping, block, start, lo, hi)
+    return crc
+
+
+def _libc_madvise() -> Callable[[int, int, int], int] | None:
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (AttributeError, OSError):
+        return None
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    madvise.restype = ctypes.c_int
+    return madvise
+
+
+_MADVISE = _libc_madvise() if hasattr(mmap, "MADV_DONTNEED") else None
+"""libc's ``madvise``, called through ctypes, which releases the GIL: ``mmap.madvise`` holds it,
+and dropping a run's pages takes about as long as faulting them in (0.1 ms for MobileNet-V3's
+10 MiB), which the loading thread spent waiting for the GIL."""
+
+
+def _dontneed(mapping: mmap.mmap, block: memoryview, start: int, lo: int, hi: int) -> None:
+    """``MADV_DONTNEED`` over bytes ``[lo, hi)`` of ``mapping`` (page-aligned, within
+    ``block``, which is ``mapping[start:...]`` and keeps the mapping open meanwhile)."""
+    if _MADVISE is None:
         with contextlib.suppress(OSError, ValueError):  # closed: nothing left to drop
             mapping.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-    return crc
+        return
+    base = host_address(np.frombuffer(block, np.uint8)) - start
+    _MADVISE(base + lo, hi - lo, mmap.MADV_DONTNEED)  # a failure leaves the pages resident

@@ -1,0 +1,105 @@
+"""Decoded context-binary records, kept across loads of the same bytes.
+
+Decoding a binary's program records is a pure function of its metadata sections' bytes (strings,
+graphs, programs, commands, graph digests, external weight entries) and of its weights section's
+length: :class:`~ep.npusim.binary_records.Decoded` holds the result without any view of the
+binary (weights are :data:`~ep.npusim.binary_records.WeightSpec` positions, bound to each load's
+own mapping by :meth:`~ep.npusim.binary_records.Template.bind`). :data:`DECODED` keeps the last
+few results, keyed by those exact bytes (not a digest of them), so a model loaded again, in
+this session or another, skips decoding (MobileNet-V3's 64 launches: about 0.45 ms of a 2.5 ms
+load). Everything that is per load is still done per load by the reader: the header (and the
+architecture and config digest the session expects), the section table, every section's
+CRC-32, the weights' blocks, external files. A binary whose metadata differs in one byte has
+another key: it is decoded afresh and fails, if it does, with the fresh decode's error (failed
+decodes are not kept).
+
+The cache holds values (strings, ints, tuples, frozen records, bytes), never a mapping, so a
+closed session's binary is unmapped as before. It is bounded in entries and in key bytes, and
+safe to use from several threads (a lock around lookups and inserts; two threads may decode
+the same bytes at once, and either result is kept).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+
+from . import binary_layout as L
+from .binary_records import Decoded
+
+DECODER_VERSION = 1
+"""Part of every key: bump it when decoding changes what it produces from the same bytes."""
+
+_METADATA = tuple(k for k in L.SectionKind
+                  if k not in (L.SectionKind.WEIGHTS, L.SectionKind.WEIGHT_CHECKSUMS))
+"""The sections decoding reads (the weight checksums are checked per load, not decoded)."""
+
+Key = tuple
+
+
+def key(format_version: tuple[int, int], bodies: Mapping[L.SectionKind, memoryview],
+        weights_length: int) -> Key:
+    """The cache key of a binary: what decoding depends on, its metadata sections' bytes
+    (absent optional sections as None), the weights section's length and the format version."""
+    return (DECODER_VERSION, format_version, weights_length,
+            *(bytes(bodies[kind]) if kind in bodies else None for kind in _METADATA))
+
+
+def _size(k: Key) -> int:
+    return sum(len(part) for part in k if isinstance(part, bytes))
+
+
+class DecodedCache:
+    """A small LRU of :class:`Decoded` by :func:`key`, at most ``entries`` of them and
+    ``max_bytes`` of keys; a binary whose metadata alone exceeds ``max_bytes / 4`` is not kept."""
+
+    def __init__(self, entries: int = 8, max_bytes: int = 64 << 20) -> None:
+        self.entries = entries
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[Key, Decoded] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, k: Key) -> Decoded | None:
+        """The decoded records of ``k``, if kept (then most recently used)."""
+        with self._lock:
+            found = self._items.get(k)
+            if found is None:
+                self.misses += 1
+                return None
+            self._items.move_to_end(k)
+            self.hits += 1
+            return found
+
+    def put(self, k: Key, decoded: Decoded) -> None:
+        """Keep ``decoded`` for ``k``, dropping the least recently used beyond the bounds."""
+        size = _size(k)
+        if size > self.max_bytes // 4:
+            return
+        with self._lock:
+            if k in self._items:
+                self._items.move_to_end(k)
+                return
+            self._items[k] = decoded
+            self._bytes += size
+            while len(self._items) > self.entries or self._bytes > self.max_bytes:
+                old, _ = self._items.popitem(last=False)
+                self._bytes -= _size(old)
+
+    def clear(self) -> None:
+        """Forget every entry (and the hit counts)."""
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+            self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+
+DECODED = DecodedCache()
+"""The process's cache, used by :class:`~ep.npusim.binary_reader.ContextBinary`."""

@@ -1,0 +1,121 @@
+"""The loader's memo of validated program structures (``firmware_model.validate.MEMO``): a
+program made of the very objects that passed before skips the structural checks, and gets the
+same commands and, for its weights and its device (core masks, semaphores), the same errors as
+a full validation."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from firmware_model import commands as fc
+from firmware_model.program import KernelLaunch, Program, Region, TensorDesc, reloc
+from firmware_model.validate import MEMO, validate, validate_structure
+from npu_sim.errors import InvalidCommand
+from npu_sim.kernels import registry
+
+
+@pytest.fixture(autouse=True)
+def empty_memo():
+    MEMO.clear()
+    yield
+    MEMO.clear()
+
+
+def program(op: str = "Relu", core_mask: int = 0b10, launch: int = 0) -> Program:
+    tensors = (TensorDesc("x", (1, 8), "float32", Region.ARENA, 0),
+               TensorDesc("w", (8,), "float32", Region.WEIGHTS, 0),
+               TensorDesc("y", (1, 8), "float32", Region.ARENA, 64))
+    stream = fc.pack([fc.Dma(1, reloc(Region.ARENA, 0), reloc(Region.ARENA, 64), 32),
+                      fc.Kernel(2, launch, core_mask, deps=(1,)), fc.Signal(3, 2, 1),
+                      fc.Wait(4, 2, 1, deps=(3,))])
+    return Program("p", tensors, (KernelLaunch(op, (0, 1), (2,), {}, "n"),), stream, (0,),
+                   (2,), {1: np.arange(8, dtype=np.float32).tobytes()}, 128)
+
+
+def outcome(p: Program, **device) -> list[fc.Command] | str:
+    try:
+        return validate(p, **{"cores": 2, "semaphores": 4, **device})
+    except InvalidCommand as exc:
+        return exc.message
+
+
+def test_the_same_structure_validates_once_and_gives_the_same_commands():
+    p = program()
+    first = validate(p, cores=2, semaphores=4)
+    assert len(MEMO._items) == 1
+    again = dataclasses.replace(p, weights={1: bytes(32)})  # the same structure objects
+    second = validate(again, cores=2, semaphores=4)
+    assert second == first and second is not first
+    MEMO.clear()
+    assert validate(again, cores=2, semaphores=4) == first
+
+
+@pytest.mark.parametrize("weights", [{1: bytes(31)}, {}, {1: bytes(32), 0: bytes(32)}])
+def test_weights_are_checked_on_every_load_with_the_full_validations_errors(weights):
+    p = program()
+    validate(p, cores=2, semaphores=4)
+    bad = dataclasses.replace(p, weights=weights)
+    memoized = outcome(bad)
+    MEMO.clear()
+    assert isinstance(memoized, str) and memoized == outcome(bad)
+
+
+@pytest.mark.parametrize(("device", "problem"), [
+    ({"cores": 1}, "core_mask 0x2 names cores beyond the device's 1"),
+    ({"semaphores": 2}, "semaphore 2 out of range [0, 2)"),
+])
+def test_the_device_is_checked_on_every_load_with_the_full_validations_errors(device, problem):
+    p = program(core_mask=0b10)
+    validate(p, cores=2, semaphores=4)
+    bad = dataclasses.replace(p, weights={1: bytes(31)})
+    memoized = outcome(bad, **device)
+    MEMO.clear()
+    assert isinstance(memoized, str) and problem in memoized and memoized == outcome(bad, **device)
+
+
+def test_a_structure_validated_alone_serves_every_device_and_weights():
+    p = program()
+    validate_structure(dataclasses.replace(p, weights={}))
+    assert len(MEMO._items) == 1
+    got = validate(p, cores=2, semaphores=4)
+    narrow = outcome(p, cores=1)
+    MEMO.clear()
+    assert got == validate(p, cores=2, semaphores=4) and narrow == outcome(p, cores=1)
+    assert "core_mask" in narrow
+
+
+def test_a_kernel_unregistered_since_is_reported():
+    registry.register_kernel("MemoProbe", lambda inputs, attrs: [inputs[0]])
+    p = program(op="MemoProbe")
+    try:
+        validate(p, cores=2, semaphores=4)
+    finally:
+        registry.unregister_kernel("MemoProbe")
+    got = outcome(p)
+    assert isinstance(got, str) and "unknown kernels: MemoProbe" in got
+
+
+def test_a_structure_holding_mutable_values_is_not_kept():
+    p = program()
+    shaped = dataclasses.replace(p, tensors=(dataclasses.replace(p.tensors[0], shape=[1, 8]),
+                                             *p.tensors[1:]))
+    listed = dataclasses.replace(p, launches=(KernelLaunch("Relu", [0, 1], (2,), {}, "n"),))
+    for q in (shaped, listed):
+        validate(q, cores=2, semaphores=4)
+    assert len(MEMO._items) == 0
+
+
+def test_a_structure_with_problems_is_not_kept():
+    p = program(launch=3)
+    assert isinstance(outcome(p), str)
+    validate_structure(p)  # reports nothing
+    assert len(MEMO._items) == 0
+
+
+def test_the_memo_is_bounded():
+    for _ in range(MEMO.entries + 5):
+        validate(program(), cores=2, semaphores=4)
+    assert len(MEMO._items) == MEMO.entries
