@@ -20,9 +20,10 @@ What makes it exact:
   other, and computing every kernel at once in command order (a topological order) reads and
   writes exactly what the simulation does. Compiled programs are built that way
   (``ep.npusim.compiler.emit``); anything else always takes the simulation.
-- *No copy.* A kernel registered ``writes_into`` (Conv, Gemm, MatMul) gets its outputs' arena
-  views as ``out=`` and computes there, unless an output's bytes overlap one of the launch's
-  inputs (the arena reuses memory): that output keeps the copy from a result of its own.
+- *No copy.* A kernel registered ``writes_into`` (Conv, Gemm, MatMul, MaxPool,
+  GlobalAveragePool) gets its outputs' arena views as ``out=`` and computes there, unless an
+  output's bytes overlap one of the launch's inputs (the arena reuses memory): that output
+  keeps the copy from a result of its own.
 - *When.* Recording and replay need an idle firmware and device (nothing submitted and not yet
   drained, no simpy event pending): the schedule is then a function of the program alone. A
   kernel registered again since the recording invalidates it.

@@ -17,6 +17,7 @@ element it took: ``(n * C + c) * D*H*W + spatial offset``, the offset in row-maj
 from __future__ import annotations
 
 import math
+import platform
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -219,6 +220,16 @@ def _out3(win: Window) -> tuple[int, ...]:
     return (1,) * (MAX_SPATIAL - len(win.out)) + win.out
 
 
+def _rounded_max(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """MaxPool's float32 maxima in the input's dtype. A window holding only padding has the
+    lowest float, which an integer type takes as its own lowest value, as onnxruntime gives
+    (numpy's cast of an out-of-range float is undefined: it gave 0 for int8)."""
+    if np.dtype(dtype).kind in "iu":
+        info = np.iinfo(dtype)
+        y = np.clip(y, info.min, info.max)
+    return y.astype(dtype)
+
+
 @kernel("MaxPool", writes_into=True)
 def max_pool(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
              out: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
@@ -245,12 +256,12 @@ def max_pool(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
         into = computes_into(out, shape, np.dtype(x.dtype))
         y = np.empty(shape, np.float32) if into is None else into
         _max_rows(planes[:, 0], k3[1:], st3[1:], di3[1:], pb3[1:], y.reshape(-1, *_out3(win)[1:]))
-        return [y if into is not None else y.astype(x.dtype)]
+        return [y if into is not None else _rounded_max(y, x.dtype)]
     y = np.empty((planes.shape[0],) + _out3(win), np.float32)
     idx = np.empty(y.shape, np.int64)
     _max_pool(planes, k3, st3, di3, pb3, storage_order == 1,
               _empty(planes.shape[1:], len(win.out), storage_order == 1), y, idx)
-    return [y.reshape(shape).astype(x.dtype), idx.reshape(shape)][:wanted]
+    return [_rounded_max(y.reshape(shape), x.dtype), idx.reshape(shape)][:wanted]
 
 
 @kernel("AveragePool")
@@ -278,12 +289,18 @@ def _global(op: str, inputs: Sequence[np.ndarray | None]) -> tuple[np.ndarray, t
     return x, tuple(range(2, x.ndim))
 
 
+#: Whether MLAS adds its four running sums pairwise in neighbours, (first + second) + (third
+#: + fourth), as its ARM NEON reduction does, rather than (first + third) + (second + fourth),
+#: as its SSE/AVX one does (``MlasReduceAddFloat32x4``).
+_NEIGHBOUR_PAIRS = platform.machine().lower() in ("aarch64", "arm64")
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
-def _plane_means(planes, out):  # pragma: no cover - compiled
+def _plane_means(planes, neighbours, out):  # pragma: no cover - compiled
     """``out[p]``: the mean of row ``p`` of ``planes`` (P, n) float32, in the order of
     onnxruntime's MLAS global pooling kernel: four running sums from 0 over the elements in
-    fours, added as (first + third) + (second + fourth), then the rest one by one, divided by
-    ``n`` (0 / 0, NaN, for an empty row)."""
+    fours, added pairwise (:data:`_NEIGHBOUR_PAIRS` says which pairs), then the rest one by
+    one, divided by ``n`` (0 / 0, NaN, for an empty row)."""
     n = planes.shape[1]
     size = np.float32(n)
     fours = n - n % 4
@@ -295,7 +312,7 @@ def _plane_means(planes, out):  # pragma: no cover - compiled
             a1 += row[i + 1]
             a2 += row[i + 2]
             a3 += row[i + 3]
-        total = (a0 + a2) + (a1 + a3)
+        total = (a0 + a1) + (a2 + a3) if neighbours else (a0 + a2) + (a1 + a3)
         for i in range(fours, n):
             total += row[i]
         out[p] = total / size
@@ -309,12 +326,13 @@ def global_average_pool(
     """ONNX GlobalAveragePool: the mean over all spatial dims, kept as size-1 dims; ``out``:
     see :attr:`.registry.Kernel.writes_into`.
 
-    onnxruntime's bits (:func:`_plane_means`, MLAS's order), as its CPU provider gives them
-    at every optimization level but where its NCHWc layout transform takes the node (level
-    ALL with a channel count the machine's channel block divides), whose kernel sums each
-    plane in order. numpy's pairwise sum, used before, was an ulp or so off, which a float16
-    graph's ``x - Cast(Cast(x))`` makes thousands of fp16 ulps (a property-test seed found
-    it). One numba call: a squeeze-excite's 576 planes of 7x7 4.5 against 15 us.
+    onnxruntime's bits (:func:`_plane_means`, MLAS's order on x86-64 and ARM64), as its CPU
+    provider gives them at every optimization level but where its NCHWc layout transform
+    takes the node (level LAYOUT and above, x86-64, a channel count the machine's channel
+    block, 8 or 16, divides), whose kernel sums each plane in order. numpy's pairwise sum,
+    used before, was an ulp or so off, which a float16 graph's ``x - Cast(Cast(x))`` makes
+    thousands of fp16 ulps (a property-test seed found it). One numba call: a squeeze-excite's
+    576 planes of 7x7 4.5 against 15 us.
     """
     x, axes = _global("GlobalAveragePool", inputs)
     n, c = x.shape[:2]
@@ -322,7 +340,7 @@ def global_average_pool(
     shape = (n, c) + (1,) * len(axes)
     into = computes_into(out, shape, np.dtype(x.dtype))
     means = np.empty(n * c, np.float32) if into is None else into.reshape(n * c)
-    _plane_means(np.ascontiguousarray(planes), means)
+    _plane_means(np.ascontiguousarray(planes), _NEIGHBOUR_PAIRS, means)
     return [into if into is not None else means.reshape(shape).astype(x.dtype)]
 
 

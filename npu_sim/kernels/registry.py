@@ -45,9 +45,11 @@ class Kernel:
     values: ValuesFn
     cycles: CyclesFn | None = None
     writes_into: bool = False
-    """Whether ``values`` also takes ``out=``: per output, a writable C-contiguous array of the
-    output's shape and dtype (or None) that it may compute into and return, saving the copy;
-    the caller passes only arrays that share no memory with any input."""
+    """Whether ``values`` also takes ``out=``: one entry per output the launch has (so its
+    length tells a kernel with optional outputs, MaxPool, which to compute), each a writable
+    C-contiguous array of the output's shape and dtype (or None) that it may compute into and
+    return, saving the copy; the caller passes only arrays that share no memory with any
+    input."""
     prepare: PrepareFn | None = None
     """``prepare(inputs, attrs, out)`` (``out`` as for :attr:`writes_into`): a function of no
     arguments computing exactly what ``values(inputs, attrs, out=out)`` would from the arrays'

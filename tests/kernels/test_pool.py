@@ -19,6 +19,7 @@ from kernels import (
     seeds,
 )
 from npu_sim.errors import KernelError
+from npu_sim.kernels.pool import _plane_means
 from npu_sim.kernels.registry import lookup
 
 
@@ -131,6 +132,29 @@ def test_max_pool_windows_of_only_padding_get_onnxruntimes_index(shape, kernel, 
 def test_average_pool_matches_ort(case, seed, dtype):
     shape, attrs = case
     check_against_ort("AveragePool", [random_array(seed, shape, dtype)], attrs)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("outputs", [1, 2])
+def test_max_pool_of_integers_with_a_window_of_only_padding_matches_ort(dtype, outputs):
+    # the window dilated past the input holds only padding: the type's lowest value
+    x = np.array([[[[5, 7], [1, 2]]]], dtype)
+    attrs = {"kernel_shape": [2, 2], "dilations": [3, 3], "pads": [1, 1, 1, 1]}
+    (want,) = ort_reference("MaxPool", [x], attrs, opset=12)
+    got = lookup("MaxPool").values([x], attrs, out=[None] * outputs)[0]
+    np.testing.assert_array_equal(got, want)
+    assert want.min() == np.iinfo(dtype).min
+
+
+def test_global_average_pool_adds_its_running_sums_in_the_platforms_pairs():
+    # x86-64's MLAS adds (first + third) + (second + fourth), ARM64's neighbours; 1e8 + 1
+    # rounds to 1e8 in float32, so the two orders give 2 / 4 and 0 / 4
+    row = np.array([[1e8, 1, -1e8, 1]], np.float32)
+    out = np.empty(1, np.float32)
+    _plane_means(row, False, out)
+    assert out[0] == 0.5
+    _plane_means(row, True, out)
+    assert out[0] == 0.0
 
 
 @settings(max_examples=15, deadline=None)
