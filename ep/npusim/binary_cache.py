@@ -31,19 +31,23 @@ from .binary_records import Decoded
 DECODER_VERSION = 1
 """Part of every key: bump it when decoding changes what it produces from the same bytes."""
 
-_METADATA = tuple(k for k in L.SectionKind
-                  if k not in (L.SectionKind.WEIGHTS, L.SectionKind.WEIGHT_CHECKSUMS))
+METADATA = frozenset(k for k in L.SectionKind
+                     if k not in (L.SectionKind.WEIGHTS, L.SectionKind.WEIGHT_CHECKSUMS))
 """The sections decoding reads (the weight checksums are checked per load, not decoded)."""
+_ORDER = tuple(k for k in L.SectionKind if k in METADATA)
+"""Their order in a key."""
 
 Key = tuple
 
 
-def key(format_version: tuple[int, int], bodies: Mapping[L.SectionKind, memoryview],
+def key(format_version: tuple[int, int], bodies: Mapping[L.SectionKind, bytes | memoryview],
         weights_length: int) -> Key:
     """The cache key of a binary: what decoding depends on, its metadata sections' bytes
-    (absent optional sections as None), the weights section's length and the format version."""
+    (absent optional sections as None), the weights section's length and the format version.
+    The reader passes the very ``bytes`` it checked and decodes (kept as they are, not
+    copied), so an entry is always the decode of its own key."""
     return (DECODER_VERSION, format_version, weights_length,
-            *(bytes(bodies[kind]) if kind in bodies else None for kind in _METADATA))
+            *(bytes(bodies[kind]) if kind in bodies else None for kind in _ORDER))
 
 
 def _size(k: Key) -> int:

@@ -269,3 +269,30 @@ def test_the_key_is_the_metadata_bytes_and_the_weights_length(sample_bytes):
                            sections[L.SectionKind.WEIGHTS].length)
     assert binary_cache.DECODED.get(key) is not None
     assert binary_cache.DECODED.get(key[:2] + (key[2] + 512,) + key[3:]) is None
+
+
+def test_bytes_changed_during_a_load_cannot_poison_the_cache(sample_bytes, monkeypatch):
+    """The key is a copy of the metadata; the records are decoded from (and checked over) that
+    copy, not from the buffer, which may change meanwhile (a file rewritten in place)."""
+    at = sample_bytes.index(struct.pack("<d", 0.5), sections_of(sample_bytes)["programs"].offset)
+    want = fresh(sample_bytes)
+    assert want.programs()[0].launches[0].attrs["alpha"] == 0.5
+    real_key = binary_cache.key
+    for load in (ContextBinary.from_bytes, lambda data: remember(data=data)):
+        binary_cache.DECODED.clear()
+        buffer = bytearray(sample_bytes)
+
+        def key_then_change(*args, buffer=buffer, **kwargs):
+            k = real_key(*args, **kwargs)
+            struct.pack_into("<d", buffer, at, 7.0)  # after the copy, before the decode
+            return k
+
+        monkeypatch.setattr(binary_cache, "key", key_then_change)
+        racing = load(buffer)
+        monkeypatch.setattr(binary_cache, "key", real_key)
+        if racing is not None:  # a load decodes the bytes it checked
+            same_binary(racing, want)
+        later = ContextBinary.from_bytes(sample_bytes)  # pristine bytes: hits the kept entry
+        assert binary_cache.DECODED.hits == 1
+        same_binary(later, want)
+        assert later.programs()[0].launches[0].attrs["alpha"] == 0.5
