@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -168,6 +169,12 @@ class _Memo:
         with self._lock:
             self._items.clear()
 
+    def reset_after_fork(self) -> None:
+        """A new lock and no entries, for a forked child: a thread of the parent may have held
+        the lock (never released in the child) in the middle of changing the entries."""
+        self._lock = threading.Lock()
+        self._items = OrderedDict()
+
 
 def _immutable(program: Program) -> bool:
     """Whether ``program``'s structure is made of values that cannot change (what a decoded
@@ -183,6 +190,9 @@ def _immutable(program: Program) -> bool:
 
 MEMO = _Memo()
 """The process's memo of validated program structures (see :class:`_Memo`)."""
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=MEMO.reset_after_fork)
 
 
 _ITEMSIZE = {name: dtypes.itemsize(name) for name in dtypes.DTYPES}

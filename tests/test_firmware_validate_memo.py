@@ -9,6 +9,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from forking import finishes_after_fork, needs_fork
 
 from firmware_model import commands as fc
 from firmware_model.program import KernelLaunch, Program, Region, TensorDesc, reloc
@@ -119,3 +120,10 @@ def test_the_memo_is_bounded():
     for _ in range(MEMO.entries + 5):
         validate(program(), cores=2, semaphores=4)
     assert len(MEMO._items) == MEMO.entries
+
+
+@needs_fork
+def test_a_child_forked_while_the_memo_is_locked_still_validates():
+    p = program()
+    validate(p, cores=2, semaphores=4)
+    assert finishes_after_fork(MEMO._lock, lambda: validate(p, cores=2, semaphores=4))

@@ -21,6 +21,7 @@ the same bytes at once, and either result is kept).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -100,6 +101,14 @@ class DecodedCache:
             self._bytes = 0
             self.hits = self.misses = 0
 
+    def reset_after_fork(self) -> None:
+        """A new lock and no entries, for a forked child: a thread of the parent may have held
+        the lock (never released in the child) in the middle of changing the entries."""
+        self._lock = threading.Lock()
+        self._items = OrderedDict()
+        self._bytes = 0
+        self.hits = self.misses = 0
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._items)
@@ -107,3 +116,6 @@ class DecodedCache:
 
 DECODED = DecodedCache()
 """The process's cache, used by :class:`~ep.npusim.binary_reader.ContextBinary`."""
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=DECODED.reset_after_fork)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from forking import finishes_after_fork, needs_fork
 from test_binary import reseal, sample_programs, sections_of
 from test_weight_mapping import compile_ctx, mapped
 
@@ -296,3 +297,10 @@ def test_bytes_changed_during_a_load_cannot_poison_the_cache(sample_bytes, monke
         assert binary_cache.DECODED.hits == 1
         same_binary(later, want)
         assert later.programs()[0].launches[0].attrs["alpha"] == 0.5
+
+
+@needs_fork
+def test_a_child_forked_while_the_cache_is_locked_still_loads(sample_bytes):
+    ContextBinary.from_bytes(sample_bytes)
+    assert finishes_after_fork(binary_cache.DECODED._lock,
+                               lambda: ContextBinary.from_bytes(sample_bytes).close())
