@@ -13,8 +13,10 @@ CRC-32, the weights' blocks, external files. A binary whose metadata differs in 
 another key: it is decoded afresh and fails, if it does, with the fresh decode's error (failed
 decodes are not kept).
 
-The cache holds values (strings, ints, tuples, frozen records, bytes), never a mapping, so a
-closed session's binary is unmapped as before. It is bounded in entries and in key bytes, and
+The cache holds immutable values (strings, numbers, tuples, bytes, frozen records and
+read-only ``MappingProxyType`` mappings, each launch's ``attrs`` among them), which every load
+of the same bytes shares, and never a view of a file, so a closed session's binary is unmapped
+as before. It is bounded in entries and in key bytes, and
 safe to use from several threads (a lock around lookups and inserts; two threads may decode
 the same bytes at once, and either result is kept).
 """

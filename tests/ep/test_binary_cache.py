@@ -10,6 +10,7 @@ import struct
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 import pytest
@@ -304,3 +305,20 @@ def test_a_child_forked_while_the_cache_is_locked_still_loads(sample_bytes):
     ContextBinary.from_bytes(sample_bytes)
     assert finishes_after_fork(binary_cache.DECODED._lock,
                                lambda: ContextBinary.from_bytes(sample_bytes).close())
+
+
+def test_the_decoded_attributes_shared_by_loads_are_read_only(tmp_path):
+    path = write(tmp_path)
+    sample = sample_programs()
+    with ContextBinary.open(path) as first:
+        launch = first.programs()[0].launches[0]
+        assert launch.attrs == sample[0].launches[0].attrs and "alpha" in launch.attrs
+        with pytest.raises(TypeError):
+            launch.attrs["alpha"] = 99.0  # would change every later load of the same bytes
+        with pytest.raises(TypeError):
+            del launch.attrs["alpha"]
+    with ContextBinary.open(path) as again:
+        assert binary_cache.DECODED.hits == 1
+        assert again.programs() == sample
+    binary = fresh(path)  # a fresh decode is as read-only
+    assert all(type(k.attrs) is MappingProxyType for p in binary.programs() for k in p.launches)
