@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import importlib
 import struct
 import threading
 from collections.abc import Mapping
@@ -15,6 +16,7 @@ from types import MappingProxyType
 import numpy as np
 import pytest
 from forking import finishes_after_fork, needs_fork
+from sizes import deep_size
 from test_binary import reseal, sample_programs, sections_of
 from test_weight_mapping import compile_ctx, mapped
 
@@ -26,7 +28,9 @@ from ep.npusim.binary import ContextBinary, pack_context, write_context_binary
 from ep.npusim.binary_reader import remember
 from ep.npusim.binary_records import Decoded, Template
 from firmware_model.program import Program
-from firmware_model.validate import MEMO
+from firmware_model.validate import MEMO, validate_structure
+
+V = importlib.import_module("firmware_model.validate")  # the module, not the function
 
 DIGEST = "0f" * 32
 
@@ -165,7 +169,8 @@ def test_the_cache_is_bounded_in_entries_and_bytes():
     def key(n: int, size: int = 10) -> tuple:
         return (1, (2, 0), 0, bytes([n]) * size)
 
-    cache = binary_cache.DecodedCache(entries=2, max_bytes=4000)
+    factor = binary_cache.FOOTPRINT_FACTOR
+    cache = binary_cache.DecodedCache(entries=2, max_bytes=4000 * factor)
     for n in range(3):
         cache.put(key(n), value)
     assert len(cache) == 2 and cache.get(key(0)) is None and cache.get(key(2)) is value
@@ -173,14 +178,30 @@ def test_the_cache_is_bounded_in_entries_and_bytes():
     cache.put(key(3), value)
     assert cache.get(key(1)) is value and cache.get(key(2)) is None
 
-    cache = binary_cache.DecodedCache(entries=10, max_bytes=4000)
+    cache = binary_cache.DecodedCache(entries=10, max_bytes=4000 * factor)
     for n in range(4):
         cache.put(key(n, 1000), value)
-    assert len(cache) == 4  # 4,000 bytes: at the bound
+    assert len(cache) == 4  # 4,000 bytes of keys, their estimated footprint at the bound
     cache.put(key(4, 1000), value)
     assert len(cache) == 4 and cache.get(key(0, 1000)) is None
     cache.put(key(5, 1001), value)  # more than a quarter of the bound: not kept
     assert cache.get(key(5, 1001)) is None and len(cache) == 4
+    # The default bound is 64 MiB of estimated memory (keys and decoded records), not of keys.
+    assert binary_cache.DECODED.max_bytes == 64 << 20
+    assert binary_cache.footprint(key(0, 1000)) == 1000 * factor
+
+
+def test_the_estimates_bound_what_an_entry_really_holds(sample_bytes):
+    """The caches' bounds are on estimates: they must not be below the memory measured."""
+    with ContextBinary.from_bytes(sample_bytes) as binary:
+        ((key, decoded),) = binary_cache.DECODED._items.items()
+        assert binary_cache.footprint(key) >= deep_size(key) + deep_size(decoded)
+        MEMO.clear()
+        for program in binary.programs():
+            validate_structure(program)
+            ((passed),) = MEMO._items.values()
+            assert V._footprint(passed) >= deep_size(passed)
+            MEMO.clear()
 
 
 def test_decoded_values_hold_no_view_of_the_binary(tmp_path):
