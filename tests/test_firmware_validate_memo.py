@@ -149,3 +149,29 @@ def test_a_child_forked_while_the_memo_is_locked_still_validates():
     p = program()
     validate(p, cores=2, semaphores=4)
     assert finishes_after_fork(MEMO._lock, lambda: validate(p, cores=2, semaphores=4))
+
+
+def test_a_hit_skips_the_structural_checks_and_a_miss_runs_them(monkeypatch):
+    calls: list[str] = []
+    structural = ["_check_tensors", "_check_io", "_check_launches", "_check_commands"]
+
+    def counting(name: str):
+        real = getattr(V, name)
+
+        def counted(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+        return counted
+
+    for name in structural:
+        monkeypatch.setattr(V, name, counting(name))
+    p = program()
+    first = validate(p, cores=2, semaphores=4)  # a miss: every check
+    assert calls == structural
+    calls.clear()
+    again = dataclasses.replace(p, weights={1: bytes(32)})  # the same structure objects
+    assert validate(again, cores=2, semaphores=4) == first  # a hit: none of them
+    assert calls == []
+    other = program()  # equal, but other objects: a miss
+    assert validate(other, cores=2, semaphores=4) == first
+    assert calls == structural
