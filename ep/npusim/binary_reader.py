@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from ep.errors import InvalidGraph
+from ep.errors import InvalidArgument, InvalidGraph
 from firmware_model.program import Program
 from firmware_model.validate import validate_structure
 
@@ -237,10 +237,18 @@ def remember(path: str | os.PathLike[str] | None = None, *,
     """Decode the context binary just written at ``path`` (or held in ``data``, embed mode)
     into :data:`~ep.npusim.binary_cache.DECODED`, so its first load finds its records decoded.
     It decodes the file's own bytes, as a load does (the same function on the same bytes), and
-    reads only its metadata; a binary that does not decode is not kept (its load says why).
+    reads only its metadata.
     The programs' structure is validated for the firmware's loader
     (:func:`~firmware_model.validate.validate_structure`), and the checksum thread started,
-    for the same first load."""
+    for the same first load.
+
+    Give exactly one of ``path`` and ``data`` (else :class:`~ep.errors.InvalidArgument`).
+    Nothing else is reported: a file that cannot be read or decoded is not kept, and its load
+    says why."""
+    if (path is None) == (data is None):
+        raise InvalidArgument(
+            f"remember() takes exactly one of path and data, got "
+            f"{'both' if data is not None else 'neither'}")
     start_thread()
     mapping = None
     try:

@@ -346,3 +346,9 @@ def test_the_decoded_attributes_shared_by_loads_are_read_only(tmp_path):
         assert again.programs() == sample
     binary = fresh(path)  # a fresh decode is as read-only
     assert all(type(k.attrs) is MappingProxyType for p in binary.programs() for k in p.launches)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"path": "m.bin", "data": b""}])
+def test_remember_takes_exactly_one_of_path_and_data(kwargs):
+    with pytest.raises(ep.errors.InvalidArgument, match="exactly one of path and data"):
+        remember(**kwargs)
