@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -124,18 +126,28 @@ class _Passed:
 
 
 class _Memo:
-    """The program structures that passed validation lately (an LRU of ``entries``), found by
-    identity: a program read again from a context binary whose decoded records were kept
-    (:mod:`ep.npusim.binary_cache`) shares its tensors, launches and command bytes with the
-    previous load (or with the records decoded when the binary was written, which the EP gives
-    :func:`validate_structure`), and skips their checks (MobileNet-V3's 64 launches: about
-    0.2 ms a load). Only structures made of immutable values are kept (tuples of ints, frozen
-    records, bytes), so the same objects cannot hold other values later; a kernel unregistered since
-    makes the entry not apply. Thread-safe."""
+    """The program structures that passed validation lately, found by identity: a program read
+    again from a context binary whose decoded records were kept (:mod:`ep.npusim.binary_cache`)
+    shares its tensors, launches and command bytes with the previous load (or with the records
+    decoded when the binary was written, which the EP gives :func:`validate_structure`), and
+    skips their checks (MobileNet-V3's 64 launches: about 0.2 ms a load).
 
-    def __init__(self, entries: int = 16) -> None:
+    Only such programs are kept: structures made of immutable values, as a context binary's
+    decoder builds them (tuples, ints, strings, bytes, frozen records, and each launch's
+    ``attrs`` a read-only ``MappingProxyType``), so the same objects cannot hold other values
+    later. A program compiled from source (its attrs are dicts) is never found by identity
+    again and is not kept. A kernel unregistered since makes the entry not apply.
+
+    An LRU of at most ``entries`` entries and ``max_bytes`` of estimated memory
+    (:func:`_footprint`: the structure, which the entry keeps alive, and its decoded commands);
+    an entry estimated over ``max_bytes / 4`` is not kept. Thread-safe."""
+
+    def __init__(self, entries: int = 8, max_bytes: int = 64 << 20) -> None:
         self.entries = entries
+        self.max_bytes = max_bytes
         self._items: OrderedDict[int, _Passed] = OrderedDict()
+        self._sizes: dict[int, int] = {}
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def get(self, program: Program) -> _Passed | None:
@@ -158,31 +170,70 @@ class _Memo:
                          program.outputs, program.arena_bytes,
                          frozenset(launch.op for launch in program.launches), nbytes, weight_idx,
                          tuple(commands))
+        size = _footprint(passed)
+        if size > self.max_bytes // 4:
+            return
+        key = id(program.tensors)
         with self._lock:
-            self._items[id(program.tensors)] = passed
-            self._items.move_to_end(id(program.tensors))
-            while len(self._items) > self.entries:
-                self._items.popitem(last=False)
+            self._bytes += size - self._sizes.get(key, 0)
+            self._items[key] = passed
+            self._sizes[key] = size
+            self._items.move_to_end(key)
+            while len(self._items) > self.entries or self._bytes > self.max_bytes:
+                old, _ = self._items.popitem(last=False)
+                self._bytes -= self._sizes.pop(old)
 
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self._sizes.clear()
+            self._bytes = 0
+
+    def reset_after_fork(self) -> None:
+        """A new lock and no entries, for a forked child: a thread of the parent may have held
+        the lock (never released in the child) in the middle of changing the entries."""
+        self._lock = threading.Lock()
+        self._items = OrderedDict()
+        self._sizes = {}
+        self._bytes = 0
+
+
+_ENTRY_BYTES = 1500
+_TENSOR_BYTES = 600
+_LAUNCH_BYTES = 500
+_ATTR_BYTES = 300
+_COMMAND_BYTES = 700
+"""Estimated memory of a memo entry's parts (``sys.getsizeof`` summed over what each holds):
+the tests' sample program measures about 515 bytes a tensor, 2,032 for a launch of 7
+attributes, 590 a decoded command, and 1,100 the entry itself (its record, the set of ops and
+the lists of sizes)."""
+
+
+def _footprint(passed: _Passed) -> int:
+    """The estimated memory a memo entry holds (see ``_TENSOR_BYTES``)."""
+    return (_ENTRY_BYTES + _TENSOR_BYTES * len(passed.tensors) + len(passed.commands_bytes)
+            + sum(_LAUNCH_BYTES + _ATTR_BYTES * len(k.attrs) for k in passed.launches)
+            + _COMMAND_BYTES * len(passed.commands))
 
 
 def _immutable(program: Program) -> bool:
-    """Whether ``program``'s structure is made of values that cannot change (what a decoded
-    binary gives; a program built by hand may hold lists), its tensors known to be
-    (``_check_tensors``)."""
+    """Whether ``program``'s structure is made of values that cannot change, as a context
+    binary's decoder builds it (a program compiled or built by hand holds dicts of attrs, and
+    may hold lists), its tensors known to be (``_check_tensors``)."""
     if type(program.tensors) is not tuple or type(program.launches) is not tuple \
             or type(program.commands) is not bytes or type(program.inputs) is not tuple \
             or type(program.outputs) is not tuple or type(program.arena_bytes) is not int:
         return False
     return all(type(k) is KernelLaunch and type(k.op) is str and type(k.inputs) is tuple
-               and type(k.outputs) is tuple for k in program.launches)
+               and type(k.outputs) is tuple and type(k.attrs) is MappingProxyType
+               for k in program.launches)
 
 
 MEMO = _Memo()
 """The process's memo of validated program structures (see :class:`_Memo`)."""
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=MEMO.reset_after_fork)
 
 
 _ITEMSIZE = {name: dtypes.itemsize(name) for name in dtypes.DTYPES}

@@ -6,15 +6,21 @@ a full validation."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
+from types import MappingProxyType
 
 import numpy as np
 import pytest
+from forking import finishes_after_fork, needs_fork
 
 from firmware_model import commands as fc
 from firmware_model.program import KernelLaunch, Program, Region, TensorDesc, reloc
 from firmware_model.validate import MEMO, validate, validate_structure
 from npu_sim.errors import InvalidCommand
 from npu_sim.kernels import registry
+
+V = importlib.import_module("firmware_model.validate")  # the module (the package exports the
+# function ``validate`` under the same name)
 
 
 @pytest.fixture(autouse=True)
@@ -31,8 +37,9 @@ def program(op: str = "Relu", core_mask: int = 0b10, launch: int = 0) -> Program
     stream = fc.pack([fc.Dma(1, reloc(Region.ARENA, 0), reloc(Region.ARENA, 64), 32),
                       fc.Kernel(2, launch, core_mask, deps=(1,)), fc.Signal(3, 2, 1),
                       fc.Wait(4, 2, 1, deps=(3,))])
-    return Program("p", tensors, (KernelLaunch(op, (0, 1), (2,), {}, "n"),), stream, (0,),
-                   (2,), {1: np.arange(8, dtype=np.float32).tobytes()}, 128)
+    # read-only attrs, as a context binary's decoder gives them (only such programs are kept)
+    return Program("p", tensors, (KernelLaunch(op, (0, 1), (2,), MappingProxyType({}), "n"),),
+                   stream, (0,), (2,), {1: np.arange(8, dtype=np.float32).tobytes()}, 128)
 
 
 def outcome(p: Program, **device) -> list[fc.Command] | str:
@@ -102,8 +109,10 @@ def test_a_structure_holding_mutable_values_is_not_kept():
     p = program()
     shaped = dataclasses.replace(p, tensors=(dataclasses.replace(p.tensors[0], shape=[1, 8]),
                                              *p.tensors[1:]))
-    listed = dataclasses.replace(p, launches=(KernelLaunch("Relu", [0, 1], (2,), {}, "n"),))
-    for q in (shaped, listed):
+    listed = dataclasses.replace(p, launches=(KernelLaunch("Relu", [0, 1], (2,),
+                                                           MappingProxyType({}), "n"),))
+    compiled = dataclasses.replace(p, launches=(KernelLaunch("Relu", (0, 1), (2,), {}, "n"),))
+    for q in (shaped, listed, compiled):
         validate(q, cores=2, semaphores=4)
     assert len(MEMO._items) == 0
 
@@ -115,7 +124,54 @@ def test_a_structure_with_problems_is_not_kept():
     assert len(MEMO._items) == 0
 
 
-def test_the_memo_is_bounded():
+def test_the_memo_is_bounded_in_entries_and_estimated_bytes(monkeypatch):
     for _ in range(MEMO.entries + 5):
         validate(program(), cores=2, semaphores=4)
     assert len(MEMO._items) == MEMO.entries
+    assert MEMO._bytes == MEMO.entries * V._footprint(next(iter(MEMO._items.values())))
+
+    one = V._footprint(next(iter(MEMO._items.values())))
+    small = V._Memo(entries=100, max_bytes=4 * one)
+    monkeypatch.setattr(V, "MEMO", small)
+    kept = [program() for _ in range(6)]  # each its own structure
+    for p in kept:
+        validate(p, cores=2, semaphores=4)
+    assert len(small._items) == 4 and small._bytes == 4 * one  # the oldest two dropped
+    assert small.get(kept[0]) is None and small.get(kept[5]) is not None
+    tiny = V._Memo(entries=100, max_bytes=4 * one - 1)  # an entry over a quarter: not kept
+    monkeypatch.setattr(V, "MEMO", tiny)
+    validate(kept[0], cores=2, semaphores=4)
+    assert len(tiny._items) == 0 and tiny._bytes == 0
+
+
+@needs_fork
+def test_a_child_forked_while_the_memo_is_locked_still_validates():
+    p = program()
+    validate(p, cores=2, semaphores=4)
+    assert finishes_after_fork(MEMO._lock, lambda: validate(p, cores=2, semaphores=4))
+
+
+def test_a_hit_skips_the_structural_checks_and_a_miss_runs_them(monkeypatch):
+    calls: list[str] = []
+    structural = ["_check_tensors", "_check_io", "_check_launches", "_check_commands"]
+
+    def counting(name: str):
+        real = getattr(V, name)
+
+        def counted(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+        return counted
+
+    for name in structural:
+        monkeypatch.setattr(V, name, counting(name))
+    p = program()
+    first = validate(p, cores=2, semaphores=4)  # a miss: every check
+    assert calls == structural
+    calls.clear()
+    again = dataclasses.replace(p, weights={1: bytes(32)})  # the same structure objects
+    assert validate(again, cores=2, semaphores=4) == first  # a hit: none of them
+    assert calls == []
+    other = program()  # equal, but other objects: a miss
+    assert validate(other, cores=2, semaphores=4) == first
+    assert calls == structural

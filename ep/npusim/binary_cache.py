@@ -13,14 +13,17 @@ CRC-32, the weights' blocks, external files. A binary whose metadata differs in 
 another key: it is decoded afresh and fails, if it does, with the fresh decode's error (failed
 decodes are not kept).
 
-The cache holds values (strings, ints, tuples, frozen records, bytes), never a mapping, so a
-closed session's binary is unmapped as before. It is bounded in entries and in key bytes, and
-safe to use from several threads (a lock around lookups and inserts; two threads may decode
-the same bytes at once, and either result is kept).
+The cache holds immutable values (strings, numbers, tuples, bytes, frozen records and
+read-only ``MappingProxyType`` mappings, each launch's ``attrs`` among them), which every load
+of the same bytes shares, and never a view of a file, so a closed session's binary is unmapped
+as before. It is bounded in entries and in an estimate of the memory an entry holds
+(:func:`footprint`), and safe to use from several threads (a lock around lookups and inserts;
+two threads may decode the same bytes at once, and either result is kept).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -31,28 +34,46 @@ from .binary_records import Decoded
 DECODER_VERSION = 1
 """Part of every key: bump it when decoding changes what it produces from the same bytes."""
 
-_METADATA = tuple(k for k in L.SectionKind
-                  if k not in (L.SectionKind.WEIGHTS, L.SectionKind.WEIGHT_CHECKSUMS))
+METADATA = frozenset(k for k in L.SectionKind
+                     if k not in (L.SectionKind.WEIGHTS, L.SectionKind.WEIGHT_CHECKSUMS))
 """The sections decoding reads (the weight checksums are checked per load, not decoded)."""
+_ORDER = tuple(k for k in L.SectionKind if k in METADATA)
+"""Their order in a key."""
 
 Key = tuple
 
 
-def key(format_version: tuple[int, int], bodies: Mapping[L.SectionKind, memoryview],
+def key(format_version: tuple[int, int], bodies: Mapping[L.SectionKind, bytes | memoryview],
         weights_length: int) -> Key:
     """The cache key of a binary: what decoding depends on, its metadata sections' bytes
-    (absent optional sections as None), the weights section's length and the format version."""
+    (absent optional sections as None), the weights section's length and the format version.
+    The reader passes the very ``bytes`` it checked and decodes (kept as they are, not
+    copied), so an entry is always the decode of its own key."""
     return (DECODER_VERSION, format_version, weights_length,
-            *(bytes(bodies[kind]) if kind in bodies else None for kind in _METADATA))
+            *(bytes(bodies[kind]) if kind in bodies else None for kind in _ORDER))
 
 
-def _size(k: Key) -> int:
-    return sum(len(part) for part in k if isinstance(part, bytes))
+FOOTPRINT_FACTOR = 13
+"""An entry's memory per byte of its key's metadata: the key itself (1) and the decoded records,
+estimated at 12 x the bytes they are decoded from. Python objects are that much larger than
+their packed records (a tensor's 40-odd bytes become a ``TensorDesc`` of about 500, a launch's
+attributes a dict of about 2 KB, the command bytes stay bytes); the tests' sample binary
+decodes to 8.7 x its 1,268 metadata bytes (11,035 bytes of objects, ``sys.getsizeof`` summed
+over everything reachable, shared strings once), and a test checks that the estimate stays
+above that measure."""
+
+
+def footprint(k: Key) -> int:
+    """The estimated memory of an entry keyed ``k``: :data:`FOOTPRINT_FACTOR` x its metadata
+    bytes."""
+    return FOOTPRINT_FACTOR * sum(len(part) for part in k if isinstance(part, bytes))
 
 
 class DecodedCache:
     """A small LRU of :class:`Decoded` by :func:`key`, at most ``entries`` of them and
-    ``max_bytes`` of keys; a binary whose metadata alone exceeds ``max_bytes / 4`` is not kept."""
+    ``max_bytes`` of estimated memory (:func:`footprint`, key and decoded records: 64 MiB by
+    default, so binaries with up to about 1.2 MiB of metadata each, 4 of them at least); a
+    binary whose entry alone would exceed ``max_bytes / 4`` is not kept."""
 
     def __init__(self, entries: int = 8, max_bytes: int = 64 << 20) -> None:
         self.entries = entries
@@ -76,7 +97,7 @@ class DecodedCache:
 
     def put(self, k: Key, decoded: Decoded) -> None:
         """Keep ``decoded`` for ``k``, dropping the least recently used beyond the bounds."""
-        size = _size(k)
+        size = footprint(k)
         if size > self.max_bytes // 4:
             return
         with self._lock:
@@ -87,7 +108,7 @@ class DecodedCache:
             self._bytes += size
             while len(self._items) > self.entries or self._bytes > self.max_bytes:
                 old, _ = self._items.popitem(last=False)
-                self._bytes -= _size(old)
+                self._bytes -= footprint(old)
 
     def clear(self) -> None:
         """Forget every entry (and the hit counts)."""
@@ -96,6 +117,14 @@ class DecodedCache:
             self._bytes = 0
             self.hits = self.misses = 0
 
+    def reset_after_fork(self) -> None:
+        """A new lock and no entries, for a forked child: a thread of the parent may have held
+        the lock (never released in the child) in the middle of changing the entries."""
+        self._lock = threading.Lock()
+        self._items = OrderedDict()
+        self._bytes = 0
+        self.hits = self.misses = 0
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._items)
@@ -103,3 +132,6 @@ class DecodedCache:
 
 DECODED = DecodedCache()
 """The process's cache, used by :class:`~ep.npusim.binary_reader.ContextBinary`."""
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=DECODED.reset_after_fork)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from ep.errors import InvalidGraph
+from ep.errors import InvalidArgument, InvalidGraph
 from firmware_model.program import Program
 from firmware_model.validate import validate_structure
 
@@ -127,7 +127,13 @@ def _parse_header(view: memoryview, expected_architecture: str | None,
     return header
 
 
-def _parse_sections(view: memoryview, header: L.ContextHeader) -> list[L.SectionEntry]:
+def _parse_sections(view: memoryview, header: L.ContextHeader,
+                    ) -> tuple[list[L.SectionEntry], dict[int, bytes]]:
+    """The section table, every entry checked, and a copy of each metadata section's bytes
+    (:data:`~ep.npusim.binary_cache.METADATA`) by its index in the table: their CRC-32 is
+    computed over the copy, which is also what is decoded and what keys the cache, so the
+    bytes checked, the key and the records decoded are one snapshot even if the file changes
+    while it is being read."""
     size = len(view)
     count, table_offset = header.section_count, header.section_table_offset
     table_end = table_offset + count * L.SECTION.size
@@ -156,16 +162,20 @@ def _parse_sections(view: memoryview, header: L.ContextHeader) -> list[L.Section
             )
         sections.append(entry)
     _check_tiling(view, header, sections)
+    copies: dict[int, bytes] = {}
     for i, entry in enumerate(sections):
         if entry.kind == L.SectionKind.WEIGHTS:
             continue  # verified block by block, see _weight_blocks
-        computed = L.crc32(view[entry.offset : entry.offset + entry.length])
+        body = view[entry.offset : entry.offset + entry.length]
+        if entry.kind in binary_cache.METADATA:
+            body = copies[i] = body.tobytes()
+        computed = L.crc32(body)
         if computed != entry.crc32:
             raise InvalidGraph(
                 f"checksum mismatch in section #{i} ({entry.kind_name}): stored crc32 "
                 f"0x{entry.crc32:08x}, computed 0x{computed:08x}"
             )
-    return sections
+    return sections, copies
 
 
 def _check_tiling(view: memoryview, header: L.ContextHeader,
@@ -195,27 +205,31 @@ _KINDS = {int(kind): kind for kind in L.SectionKind}
 def _read_table(view: memoryview, expected_architecture: str | None,
                 expected_config_digest: str | None,
                 ) -> tuple[L.ContextHeader, list[L.SectionEntry],
-                           dict[L.SectionKind, L.SectionEntry]]:
-    """The header, the section table and the known sections by kind, all checked."""
+                           dict[L.SectionKind, L.SectionEntry], dict[L.SectionKind, bytes]]:
+    """The header, the section table, the known sections by kind, all checked, and the
+    checked copies of the metadata sections by kind (see :func:`_parse_sections`)."""
     header = _parse_header(view, expected_architecture, expected_config_digest)
-    sections = _parse_sections(view, header)
+    sections, copies = _parse_sections(view, header)
     by_kind: dict[L.SectionKind, L.SectionEntry] = {}
-    for entry in sections:
+    metadata: dict[L.SectionKind, bytes] = {}
+    for i, entry in enumerate(sections):
         if entry.kind in by_kind:
             raise InvalidGraph(f"section {entry.kind_name} appears more than once")
         kind = _KINDS.get(entry.kind)
         if kind is not None:
             by_kind[kind] = entry
+            if i in copies:
+                metadata[kind] = copies[i]
     missing = [kind.name.lower() for kind in L.REQUIRED_SECTIONS if kind not in by_kind]
     if missing:
         raise InvalidGraph(f"required sections missing: {', '.join(missing)}")
-    return header, sections, by_kind
+    return header, sections, by_kind, metadata
 
 
-def _bodies(view: memoryview,
-            by_kind: dict[L.SectionKind, L.SectionEntry]) -> dict[L.SectionKind, memoryview]:
-    return {kind: view[entry.offset : entry.offset + entry.length]
-            for kind, entry in by_kind.items()}
+def _views(metadata: dict[L.SectionKind, bytes]) -> dict[L.SectionKind, memoryview]:
+    """What :class:`~ep.npusim.binary_records.Decoder` reads: views of the checked copies that
+    key the cache, never of the (possibly changing) file."""
+    return {kind: memoryview(body) for kind, body in metadata.items()}
 
 
 def remember(path: str | os.PathLike[str] | None = None, *,
@@ -223,10 +237,18 @@ def remember(path: str | os.PathLike[str] | None = None, *,
     """Decode the context binary just written at ``path`` (or held in ``data``, embed mode)
     into :data:`~ep.npusim.binary_cache.DECODED`, so its first load finds its records decoded.
     It decodes the file's own bytes, as a load does (the same function on the same bytes), and
-    reads only its metadata; a binary that does not decode is not kept (its load says why).
+    reads only its metadata.
     The programs' structure is validated for the firmware's loader
     (:func:`~firmware_model.validate.validate_structure`), and the checksum thread started,
-    for the same first load."""
+    for the same first load.
+
+    Give exactly one of ``path`` and ``data`` (else :class:`~ep.errors.InvalidArgument`).
+    Nothing else is reported: a file that cannot be read or decoded is not kept, and its load
+    says why."""
+    if (path is None) == (data is None):
+        raise InvalidArgument(
+            f"remember() takes exactly one of path and data, got "
+            f"{'both' if data is not None else 'neither'}")
     start_thread()
     mapping = None
     try:
@@ -234,12 +256,12 @@ def remember(path: str | os.PathLike[str] | None = None, *,
             with open(path, "rb") as f:
                 mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         view = memoryview(mapping if mapping is not None else data).cast("B").toreadonly()
-        header, _, by_kind = _read_table(view, None, None)
-        bodies = _bodies(view, by_kind)
-        weights = bodies.pop(L.SectionKind.WEIGHTS)
-        key = binary_cache.key(header.format_version, bodies, len(weights))
+        header, _, by_kind, metadata = _read_table(view, None, None)
+        section = by_kind[L.SectionKind.WEIGHTS]
+        weights = view[section.offset : section.offset + section.length]
+        key = binary_cache.key(header.format_version, metadata, len(weights))
         if binary_cache.DECODED.get(key) is None:
-            decoder = Decoder(bodies, len(weights))
+            decoder = Decoder(_views(metadata), len(weights))
             decoder.external_refs()
             decoded = decoder.decode()
             binary_cache.DECODED.put(key, decoded)
@@ -249,7 +271,7 @@ def remember(path: str | os.PathLike[str] | None = None, *,
     except (OSError, ValueError, InvalidGraph):
         return
     finally:  # views into the mapping, released before closing it
-        view = bodies = weights = decoder = None
+        view = weights = decoder = None
         _release(mapping)
 
 
@@ -273,16 +295,15 @@ class ContextBinary:
         view = memoryview(data).cast("B").toreadonly()
         external_folder = None if external_folder is None else Path(external_folder)
         self._external = ExternalFiles()
-        self.header, self.sections, by_kind = _read_table(view, expected_architecture,
-                                                          expected_config_digest)
+        self.header, self.sections, by_kind, metadata = _read_table(
+            view, expected_architecture, expected_config_digest)
         weights = by_kind[L.SectionKind.WEIGHTS]
         blocks = weight_blocks(view, self.sections.index(weights), weights,
                                 by_kind[L.SectionKind.WEIGHT_CHECKSUMS])
-        bodies = _bodies(view, by_kind)
-        weights_body = bodies.pop(L.SectionKind.WEIGHTS)
-        key = binary_cache.key(self.header.format_version, bodies, weights.length)
+        weights_body = view[weights.offset : weights.offset + weights.length]
+        key = binary_cache.key(self.header.format_version, metadata, weights.length)
         decoded = binary_cache.DECODED.get(key)
-        decoder = Decoder(bodies, weights.length) if decoded is None else None
+        decoder = Decoder(_views(metadata), weights.length) if decoded is None else None
         refs = decoder.external_refs() if decoder is not None else decoded.external_refs
         self._external = open_external(refs, external_folder)
         self.external_weights = list(self._external.listing)

@@ -164,7 +164,9 @@ class Template:
 class Decoded:
     """Everything a context binary's records decode to that does not depend on where the
     binary lies: a function of the metadata sections' bytes and the weights section's length
-    alone (:mod:`ep.npusim.binary_cache` keeps it across loads). Treat it as immutable."""
+    alone (:mod:`ep.npusim.binary_cache` keeps it across loads, and shares it between them).
+    Immutable: tuples, strings, numbers, bytes, frozen records and read-only mappings
+    (``MappingProxyType``, also each launch's ``attrs``) of them."""
 
     programs: Mapping[str, Template]
     external_refs: tuple[ExternalRef, ...]
@@ -435,7 +437,7 @@ class Decoder:
             raise ValueError("attribute repeated")
         launch = _new(KernelLaunch)
         launch.__dict__.update({"op": strings[op_id], "inputs": ios[:n_in],
-                                "outputs": ios[n_in:], "attrs": attrs,
+                                "outputs": ios[n_in:], "attrs": MappingProxyType(attrs),
                                 "node": strings[node_id]})
         cur.pos = pos
         return launch
@@ -468,7 +470,7 @@ class Decoder:
                 raise InvalidGraph(f"{where}: attribute {name!r} appears twice")
             attrs[name] = self.attr(cur, tag, f"launch {i} attribute {name!r}")
         return KernelLaunch(op=self.string(op_id, where), inputs=inputs, outputs=outputs,
-                            attrs=attrs, node=self.string(node_id, where))
+                            attrs=MappingProxyType(attrs), node=self.string(node_id, where))
 
     def attr(self, cur: _Cursor, tag: int, what: str) -> AttrValue:
         """One attribute's value; ``what`` names it."""

@@ -263,8 +263,11 @@ def _dontneed(mapping: mmap.mmap, block: memoryview, start: int, lo: int, hi: in
     """``MADV_DONTNEED`` over bytes ``[lo, hi)`` of ``mapping`` (page-aligned, within
     ``block``, which is ``mapping[start:...]`` and keeps the mapping open meanwhile)."""
     if _MADVISE is None:
+        advice = getattr(mmap, "MADV_DONTNEED", None)
+        if advice is None or not hasattr(mapping, "madvise"):
+            return  # the platform cannot drop pages: they stay resident until evicted
         with contextlib.suppress(OSError, ValueError):  # closed: nothing left to drop
-            mapping.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            mapping.madvise(advice, lo, hi - lo)
         return
     base = host_address(np.frombuffer(block, np.uint8)) - start
     _MADVISE(base + lo, hi - lo, mmap.MADV_DONTNEED)  # a failure leaves the pages resident

@@ -417,3 +417,17 @@ def test_a_closed_binary_is_unmapped_once_its_last_weight_view_goes(tmp_path, de
     gc.collect()
     assert mapped() == 0, "the closed binary, still referenced here, keeps its mapping"
     assert binary.source == str(path)
+
+
+@pytest.mark.parametrize("madvise", ["no libc madvise", "no MADV_DONTNEED"])
+def test_without_a_way_to_drop_pages_a_file_still_loads(tmp_path, monkeypatch, madvise):
+    """Where libc's madvise or mmap.MADV_DONTNEED is missing, the checked pages simply stay
+    resident: the load goes on as before."""
+    monkeypatch.setattr(weight_checks, "_MADVISE", None)
+    if madvise == "no MADV_DONTNEED":
+        monkeypatch.delattr(weight_checks.mmap, "MADV_DONTNEED", raising=False)
+    p = program([(64 * BLOCK, 0)])
+    path = tmp_path / "m.bin"
+    path.write_bytes(packed(p))
+    with ContextBinary.open(path) as binary:
+        assert bytes(binary.program("g").weights[0]) == p.weights[0]

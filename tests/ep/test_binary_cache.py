@@ -6,25 +6,31 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import importlib
 import struct
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 import pytest
+from forking import finishes_after_fork, needs_fork
+from sizes import deep_size
 from test_binary import reseal, sample_programs, sections_of
 from test_weight_mapping import compile_ctx, mapped
 
 import ep
 from ep.errors import InvalidGraph
-from ep.npusim import binary_cache
+from ep.npusim import binary_cache, weight_checks
 from ep.npusim import binary_layout as L
 from ep.npusim.binary import ContextBinary, pack_context, write_context_binary
 from ep.npusim.binary_reader import remember
 from ep.npusim.binary_records import Decoded, Template
 from firmware_model.program import Program
-from firmware_model.validate import MEMO
+from firmware_model.validate import MEMO, validate_structure
+
+V = importlib.import_module("firmware_model.validate")  # the module, not the function
 
 DIGEST = "0f" * 32
 
@@ -163,7 +169,8 @@ def test_the_cache_is_bounded_in_entries_and_bytes():
     def key(n: int, size: int = 10) -> tuple:
         return (1, (2, 0), 0, bytes([n]) * size)
 
-    cache = binary_cache.DecodedCache(entries=2, max_bytes=4000)
+    factor = binary_cache.FOOTPRINT_FACTOR
+    cache = binary_cache.DecodedCache(entries=2, max_bytes=4000 * factor)
     for n in range(3):
         cache.put(key(n), value)
     assert len(cache) == 2 and cache.get(key(0)) is None and cache.get(key(2)) is value
@@ -171,14 +178,30 @@ def test_the_cache_is_bounded_in_entries_and_bytes():
     cache.put(key(3), value)
     assert cache.get(key(1)) is value and cache.get(key(2)) is None
 
-    cache = binary_cache.DecodedCache(entries=10, max_bytes=4000)
+    cache = binary_cache.DecodedCache(entries=10, max_bytes=4000 * factor)
     for n in range(4):
         cache.put(key(n, 1000), value)
-    assert len(cache) == 4  # 4,000 bytes: at the bound
+    assert len(cache) == 4  # 4,000 bytes of keys, their estimated footprint at the bound
     cache.put(key(4, 1000), value)
     assert len(cache) == 4 and cache.get(key(0, 1000)) is None
     cache.put(key(5, 1001), value)  # more than a quarter of the bound: not kept
     assert cache.get(key(5, 1001)) is None and len(cache) == 4
+    # The default bound is 64 MiB of estimated memory (keys and decoded records), not of keys.
+    assert binary_cache.DECODED.max_bytes == 64 << 20
+    assert binary_cache.footprint(key(0, 1000)) == 1000 * factor
+
+
+def test_the_estimates_bound_what_an_entry_really_holds(sample_bytes):
+    """The caches' bounds are on estimates: they must not be below the memory measured."""
+    with ContextBinary.from_bytes(sample_bytes) as binary:
+        ((key, decoded),) = binary_cache.DECODED._items.items()
+        assert binary_cache.footprint(key) >= deep_size(key) + deep_size(decoded)
+        MEMO.clear()
+        for program in binary.programs():
+            validate_structure(program)
+            ((passed),) = MEMO._items.values()
+            assert V._footprint(passed) >= deep_size(passed)
+            MEMO.clear()
 
 
 def test_decoded_values_hold_no_view_of_the_binary(tmp_path):
@@ -236,6 +259,9 @@ def test_threads_loading_the_same_and_other_binaries_get_equal_programs(tmp_path
         thread.join()
     assert not errors
     assert len(binary_cache.DECODED) == 2  # two distinct metadata: m0 and m1 are the same bytes
+    # The checksum thread drops its last work item (the run's view) just after handing over
+    # the result: once it has run another, it holds no view of any binary.
+    weight_checks._pool().submit(int).result()
     gc.collect()
     assert not any(mapped(p) for p in [*paths, other])
 
@@ -269,3 +295,60 @@ def test_the_key_is_the_metadata_bytes_and_the_weights_length(sample_bytes):
                            sections[L.SectionKind.WEIGHTS].length)
     assert binary_cache.DECODED.get(key) is not None
     assert binary_cache.DECODED.get(key[:2] + (key[2] + 512,) + key[3:]) is None
+
+
+def test_bytes_changed_during_a_load_cannot_poison_the_cache(sample_bytes, monkeypatch):
+    """The key is a copy of the metadata; the records are decoded from (and checked over) that
+    copy, not from the buffer, which may change meanwhile (a file rewritten in place)."""
+    at = sample_bytes.index(struct.pack("<d", 0.5), sections_of(sample_bytes)["programs"].offset)
+    want = fresh(sample_bytes)
+    assert want.programs()[0].launches[0].attrs["alpha"] == 0.5
+    real_key = binary_cache.key
+    for load in (ContextBinary.from_bytes, lambda data: remember(data=data)):
+        binary_cache.DECODED.clear()
+        buffer = bytearray(sample_bytes)
+
+        def key_then_change(*args, buffer=buffer, **kwargs):
+            k = real_key(*args, **kwargs)
+            struct.pack_into("<d", buffer, at, 7.0)  # after the copy, before the decode
+            return k
+
+        monkeypatch.setattr(binary_cache, "key", key_then_change)
+        racing = load(buffer)
+        monkeypatch.setattr(binary_cache, "key", real_key)
+        if racing is not None:  # a load decodes the bytes it checked
+            same_binary(racing, want)
+        later = ContextBinary.from_bytes(sample_bytes)  # pristine bytes: hits the kept entry
+        assert binary_cache.DECODED.hits == 1
+        same_binary(later, want)
+        assert later.programs()[0].launches[0].attrs["alpha"] == 0.5
+
+
+@needs_fork
+def test_a_child_forked_while_the_cache_is_locked_still_loads(sample_bytes):
+    ContextBinary.from_bytes(sample_bytes)
+    assert finishes_after_fork(binary_cache.DECODED._lock,
+                               lambda: ContextBinary.from_bytes(sample_bytes).close())
+
+
+def test_the_decoded_attributes_shared_by_loads_are_read_only(tmp_path):
+    path = write(tmp_path)
+    sample = sample_programs()
+    with ContextBinary.open(path) as first:
+        launch = first.programs()[0].launches[0]
+        assert launch.attrs == sample[0].launches[0].attrs and "alpha" in launch.attrs
+        with pytest.raises(TypeError):
+            launch.attrs["alpha"] = 99.0  # would change every later load of the same bytes
+        with pytest.raises(TypeError):
+            del launch.attrs["alpha"]
+    with ContextBinary.open(path) as again:
+        assert binary_cache.DECODED.hits == 1
+        assert again.programs() == sample
+    binary = fresh(path)  # a fresh decode is as read-only
+    assert all(type(k.attrs) is MappingProxyType for p in binary.programs() for k in p.launches)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"path": "m.bin", "data": b""}])
+def test_remember_takes_exactly_one_of_path_and_data(kwargs):
+    with pytest.raises(ep.errors.InvalidArgument, match="exactly one of path and data"):
+        remember(**kwargs)
