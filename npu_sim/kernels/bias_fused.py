@@ -23,6 +23,7 @@ from numba import njit
 
 from ..epilogue import decode
 from .activations import full_params
+from .host import MLAS_AVX512F
 from .mlas import bias_sigmoid32
 
 FusedLoop = Callable[[np.ndarray, np.ndarray], bool]
@@ -69,7 +70,7 @@ def fused_bias_loop(op: str, attrs: Mapping[str, Any]) -> FusedLoop | None:
         if activation == "Relu" and not params:
             return _checked(_bias_relu)
         if activation == "Sigmoid" and not params:
-            return _checked(lambda rows, bias: bias_sigmoid32(rows, bias, False))
+            return _checked(lambda rows, bias: bias_sigmoid32(rows, bias, False, MLAS_AVX512F))
         if activation == "HardSigmoid":  # a squeeze-excite's gate
             alpha, beta = full_params("HardSigmoid", params)
             return _checked(lambda rows, bias: _bias_hard_sigmoid(rows, bias, alpha, beta, False))
@@ -83,7 +84,7 @@ def fused_bias_loop(op: str, attrs: Mapping[str, Any]) -> FusedLoop | None:
         alpha, beta = full_params("HardSigmoid", steps[0].params)
         return _checked(lambda rows, bias: _bias_hard_sigmoid(rows, bias, alpha, beta, True))
     if steps[0].op == "Sigmoid":
-        return _checked(lambda rows, bias: bias_sigmoid32(rows, bias, True))
+        return _checked(lambda rows, bias: bias_sigmoid32(rows, bias, True, MLAS_AVX512F))
     return None
 
 

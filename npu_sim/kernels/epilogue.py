@@ -23,6 +23,7 @@ from ..epilogue import Step, decode
 from ..errors import KernelError
 from .activations import apply_activation, full_params
 from .gemm import broadcasts_to
+from .host import MLAS_AVX512F
 from .mlas import silu32
 
 UFUNCS = {"Add": np.add, "Mul": np.multiply}
@@ -64,7 +65,7 @@ def apply_epilogue(op: str, y: np.ndarray, attrs: Mapping[str, Any],
         elif step.gate and step.op == "Sigmoid" and y.dtype == np.float32:
             if not fast:  # a strided or read-only buffer: onto a copy of it
                 y = y.copy()
-            silu32(y.reshape(-1))
+            silu32(y.reshape(-1), MLAS_AVX512F)
         elif step.gate:
             gate = apply_activation(y, step.op, step.params)
             if step.op == "Sigmoid":  # onnxruntime's QuickGelu clamps it at 1, as silu32

@@ -4,8 +4,8 @@ onnxruntime's CPU kernels of float32 Sigmoid, Tanh, Erf and Gelu call MLAS, whic
 them with rational functions and polynomials (Eigen's coefficients for the first two):
 
 - the logistic, ``MlasComputeLogistic``: the input clamped to [-18, 18], p / q of degrees 9 and
-  10, plus 1/2, clamped at 0 (its x86-64 kernel does not clamp at 1; QuickGelu's use of it
-  does: :func:`silu32`);
+  10, plus 1/2, clamped at 0 (its x86-64 kernel does not clamp at 1; QuickGelu's AVX-512F
+  kernel does: :func:`silu32`);
 - tanh, ``MlasComputeTanh``: the input clamped to [-9, 9], p / q of degrees 13 and 6, not
   clamped after;
 - erf, ``MlasComputeErf``: a polynomial below |x| = 0.921875, else 1 - exp(-polynomial) with
@@ -13,11 +13,14 @@ them with rational functions and polynomials (Eigen's coefficients for the first
 - Gelu: ``x / sqrt 2``, erf, then ``0.5 x (erf + 1)``; with ``approximate="tanh"``,
   ``x (C x x + B)``, tanh, then the same.
 
-On x86-64 MLAS runs FMA3 kernels, each multiply-add one fused operation. The functions here do
-the same operations in the same order, each multiply-add as LLVM's ``fma`` intrinsic (one
-rounding; vectorised as the loops are), and give onnxruntime's bits
-(``tests/kernels/test_mlas.py`` compares with the installed onnxruntime, and would see a release
-that changed them).
+On x86-64 MLAS runs FMA3 kernels, each multiply-add one fused operation; where the host has
+AVX-512F, exact Gelu and QuickGelu's SiLU run AVX-512F kernels that treat NaNs and the
+logistic's top differently, and the loops here take the host's branch as an argument
+(:mod:`.host`; an argument, not a global, so numba's on-disk cache cannot keep another
+host's). The functions here do the same operations in the same order, each multiply-add as
+LLVM's ``fma`` intrinsic (one rounding; vectorised as the loops are), and give onnxruntime's
+bits (``tests/kernels/test_mlas.py`` compares with the installed onnxruntime, and would see a
+release that changed them).
 
 Where they saturate differs from the exact functions: the logistic is exactly 0 from -18 down
 (``1 / (1 + exp(-x))`` is 1.3e-33 at -75.7) and exactly 1 from 18 up, below which it is
@@ -113,11 +116,17 @@ def logistic32(v):  # pragma: no cover - numba
 
 
 @njit(inline="always")
-def _gate32(v):  # pragma: no cover - numba
-    """The logistic as onnxruntime's QuickGelu (what it fuses ``x * Sigmoid(x)`` into at its
-    default optimization level) takes it: clamped at 1."""
+def _silu(v, avx512):  # pragma: no cover - numba
+    """``v`` times its logistic as onnxruntime's QuickGelu (what it fuses ``x * Sigmoid(x)``
+    into at its default optimization level) computes it: MLAS's AVX-512F SiLU kernel keeps a
+    NaN as it is and clamps the logistic at 1; the generic one (MLAS's logistic, then a
+    multiply) does neither (:data:`.host.MLAS_AVX512F`)."""
+    if not avx512:
+        return v * logistic32(v)
+    if v != v:
+        return v
     g = logistic32(v)
-    return _ONE if g > _ONE else g
+    return v * (_ONE if g > _ONE else g)
 
 
 @njit(inline="always")
@@ -165,12 +174,14 @@ def erf_loop32(x, out):  # pragma: no cover - numba
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def gelu32(x, out):  # pragma: no cover - numba
+def gelu32(x, out, avx512):  # pragma: no cover - numba
     """onnxruntime's Gelu (exact, with MLAS's erf) for flat float32 arrays: ``x * sqrt(1/2)``,
-    MLAS's erf of it, then ``0.5 x (erf + 1)``, each in float32 and in that order."""
+    MLAS's erf of it, then ``0.5 x (erf + 1)``, each in float32 and in that order. MLAS's
+    AVX-512F kernel (``avx512``, :data:`.host.MLAS_AVX512F`) keeps a NaN as it is; the generic
+    one quiets a signalling NaN in the arithmetic."""
     for i in range(x.size):
         v = x[i]
-        out[i] = v if v != v else _HALF * v * (erf32(v * _SQRT1_2) + _ONE)  # a NaN as it is
+        out[i] = v if avx512 and v != v else _HALF * v * (erf32(v * _SQRT1_2) + _ONE)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -198,26 +209,25 @@ def sigmoid32(x, out):  # pragma: no cover - numba
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def silu32(y):  # pragma: no cover - numba
-    """``y *= sigmoid(y)`` in place for a flat float32 array, as onnxruntime's QuickGelu (a NaN
-    kept as it is, the logistic clamped at 1): what its default optimization level makes of
-    ``x * Sigmoid(x)``. (Below that level, its unfused Sigmoid reaches 1.0000001 on 20 inputs
-    in [17.48, 18), and the product is an ulp larger there.)"""
+def silu32(y, avx512):  # pragma: no cover - numba
+    """``y *= sigmoid(y)`` in place for a flat float32 array, as onnxruntime's QuickGelu on
+    MLAS's AVX-512F kernel (``avx512``) or its generic one (:func:`_silu`): what its default
+    optimization level makes of ``x * Sigmoid(x)``. (Below that level, its unfused Sigmoid
+    reaches 1.0000001 on 20 inputs in [17.48, 18) on every host, as the generic kernel.)"""
     for i in range(y.size):
-        v = y[i]
-        y[i] = v if v != v else v * _gate32(v)
+        y[i] = _silu(y[i], avx512)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def bias_sigmoid32(y, b, gate):  # pragma: no cover - numba
+def bias_sigmoid32(y, b, gate, avx512):  # pragma: no cover - numba
     """``y`` (N, M, P) float32 plus ``b[m]`` (float32, as numpy's add), then its Sigmoid, or
-    with ``gate`` times its sigmoid as :func:`silu32`, in place. (Here, beside the logistic:
-    numba's cache knows a function's own file only, and would keep a loop that inlined it from
-    another file after it changed.)"""
+    with ``gate`` times its sigmoid as :func:`silu32` with ``avx512``, in place. (Here, beside
+    the logistic: numba's cache knows a function's own file only, and would keep a loop that
+    inlined it from another file after it changed.)"""
     for n in range(y.shape[0]):
         for m in range(y.shape[1]):
             row = y[n, m]
             bias = b[m]
             for p in range(row.size):
                 v = row[p] + bias
-                row[p] = v * _gate32(v) if gate else logistic32(v)
+                row[p] = _silu(v, avx512) if gate else logistic32(v)

@@ -13,7 +13,8 @@ from onnx import TensorProto, helper
 from ortref import run_ort
 
 from npu_sim.kernels.activations import activation_params, apply_activation
-from npu_sim.kernels.mlas import bias_sigmoid32, silu32
+from npu_sim.kernels.host import MLAS_AVX512F
+from npu_sim.kernels.mlas import bias_sigmoid32, gelu32, sigmoid32, silu32
 
 # op, attributes, opset
 FUNCTIONS = [("Sigmoid", {}, 17), ("Tanh", {}, 17), ("Erf", {}, 17), ("Gelu", {}, 20),
@@ -125,17 +126,38 @@ def _ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
 
 def test_silu_gate_is_onnxruntimes_bits():
     """onnxruntime fuses x * Sigmoid(x) into QuickGelu(alpha=1) at its default optimization
-    level: its logistic clamped at 1, then the multiply; the fused epilogue gives its bits, with
-    and without the bias folded in, saturation and NaNs included."""
+    level, on the host's MLAS kernel (AVX-512F or generic); the fused epilogue gives its bits,
+    with and without the bias folded in, saturation and NaNs included."""
     edges = _edges()
     x = np.resize(edges, (2, 6, -(-edges.size // 12))).astype(np.float32)
     b = np.random.default_rng(2).standard_normal((6, 1)).astype(np.float32)
     y = x.copy()
-    silu32(y.reshape(-1))
+    silu32(y.reshape(-1), MLAS_AVX512F)
     _same_bits(y, _ort(_silu_model(False, x.shape), {"x": x}))
     y = x.copy()
     with np.errstate(all="ignore"):
-        bias_sigmoid32(y, b.reshape(-1), True)
+        bias_sigmoid32(y, b.reshape(-1), True, MLAS_AVX512F)
     _same_bits(y, _ort(_silu_model(True, x.shape), {"x": x, "b": b}))
 
 
+
+
+def test_each_hosts_silu_and_gelu_branch():
+    """The branch the installed onnxruntime cannot check here, by what MLAS's kernel does:
+    AVX-512F keeps a NaN's bits and clamps the logistic at 1; the generic kernel multiplies the
+    unclamped logistic (1.0000001 on 20 inputs of [17.48, 18)) and quiets a NaN."""
+    top = _every_float32(17.48, 18.0)
+    nans = np.array([0x7F800001, 0xFFA00000], np.uint32).view(np.float32)
+    lifted = np.zeros(top.size, np.float32)
+    sigmoid32(top, lifted)
+    assert (lifted > 1).sum() == 20  # MLAS's logistic passes 1 on 20 of these inputs
+    for avx512 in (True, False):
+        y = np.concatenate([top, nans])
+        with np.errstate(invalid="ignore"):
+            silu32(y, avx512)
+        _same_bits(y[:top.size], top * (np.minimum(lifted, 1) if avx512 else lifted))
+        g = np.empty_like(nans)
+        gelu32(nans, g, avx512)
+        for got in (y[top.size:], g):
+            want = nans.view(np.uint32) | (0 if avx512 else 0x00400000)  # the quiet bit
+            assert (got.view(np.uint32) == want).all(), [hex(v) for v in got.view(np.uint32)]
