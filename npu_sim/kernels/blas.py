@@ -13,6 +13,11 @@ stalls the whole GEMM for a scheduler tick: measured up to 100x slower than one 
   MACs (:func:`edges`): OpenBLAS sends smaller products to another kernel, which sums in
   another order, so a split with a smaller piece changed the bits (53 of 196 random shapes);
   with every piece above it, none of 907 did.
+- a split must not change the bits, so it follows the sgemm kernel OpenBLAS picked for this
+  CPU (:func:`kernel_split`): rows are cut at multiples of the kernel's block of output rows
+  (an edge block is summed in another order), and columns only where that kernel keeps a
+  column piece's bits. Where the kernel is not one measured here (another BLAS, another core
+  type), GEMMs run whole.
 
 A caller running many kernels (the firmware, for a whole program run) holds :func:`one_thread`
 around them all: raising the library's thread count again after every kernel woke OpenBLAS's
@@ -46,6 +51,14 @@ thread's share is smaller) measured slower on light_resnet50 both idle (87-100 m
 SMALL_GEMM = 100 ** 3
 """OpenBLAS runs products of at most this many MACs on its small-matrix kernel."""
 
+#: OpenBLAS's sgemm kernels measured here, by core name (threadpoolctl's ``architecture``,
+#: lowercased): the block of output rows of a row-major product they compute together, and
+#: whether a product split by output columns keeps its bits. SkylakeX (AVX-512, Zen 4): rows in
+#: blocks of 16, column pieces exact (907 random shapes). Haswell (AVX2, Zen 3): cuts at
+#: multiples of 12 rows gave the whole product's bits on every shape tried, at 3, 4, 6, 8, 9,
+#: 16, 18, 30 and 32 not; column pieces differed at every cut (16 to 6272 columns).
+KERNELS: dict[str, tuple[int, bool]] = {"skylakex": (16, True), "haswell": (12, False)}
+
 _LOCK = threading.Lock()
 _depth = 0  # nesting of one_thread() over all threads: the library's setting is restored at 0
 _held = threading.local()  # .depth: this thread's nesting
@@ -57,6 +70,16 @@ def _libraries() -> tuple:
     from threadpoolctl import ThreadpoolController
 
     return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
+
+
+@cache
+def kernel_split() -> tuple[int, bool] | None:
+    """How a GEMM of numpy's BLAS may be split without changing its bits: (:data:`KERNELS`'s
+    row block, whether by columns too), or None (run whole) for a kernel not measured here."""
+    libs = [lib for lib in _libraries() if "numpy" in lib.filepath] or list(_libraries())
+    if len(libs) != 1 or libs[0].internal_api != "openblas":
+        return None
+    return KERNELS.get(str(libs[0].architecture).lower())
 
 
 @contextmanager
@@ -113,21 +136,23 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
         out = np.empty(shape, np.result_type(a, b))
     rows = a.shape[-2]
     macs = out.size * a.shape[-1]
-    if macs < SMALL_MACS or rows < 2 or THREADS < 2:
+    split = kernel_split() if macs >= SMALL_MACS and rows >= 2 and THREADS >= 2 else None
+    if split is None:
         if held():
             return np.matmul(a, b, out=out)
         with threads_for(macs):
             return np.matmul(a, b, out=out)
+    block, by_columns = split
     columns = out.shape[-1]
     with single_thread():
-        if b.ndim >= 2 and columns > rows:
+        if by_columns and b.ndim >= 2 and columns > rows:
             # A convolution's wide GEMM (few output channels, many pixels): split by columns,
             # so each thread streams only its share of the unfolded matrix, not all of it.
             spread(columns, lambda lo, hi: np.matmul(a, b[..., lo:hi], out=out[..., lo:hi]),
                    macs // columns)
         else:
             spread(rows, lambda lo, hi: np.matmul(a[..., lo:hi, :], b, out=out[..., lo:hi, :]),
-                   macs // rows)
+                   macs // rows, block)
     return out
 
 
@@ -146,10 +171,11 @@ def edges(count: int, unit_macs: int, align: int = 1) -> list[int]:
     return [0, count]
 
 
-def spread(count: int, work: Callable[[int, int], object], unit_macs: int = 0) -> None:
+def spread(count: int, work: Callable[[int, int], object], unit_macs: int = 0,
+           align: int = 1) -> None:
     """``work(lo, hi)`` over consecutive ranges covering ``range(count)``, taken by the calling
     thread and the helper threads as they come (:func:`.cores.split`); ``work`` releases the GIL
     (a BLAS call). The ranges are :func:`edges` of units of ``unit_macs`` MACs (0: not
-    GEMMs, :data:`PARTS` even ranges)."""
-    bounds = edges(count, unit_macs)
+    GEMMs, :data:`PARTS` even ranges), inner boundaries at multiples of ``align``."""
+    bounds = edges(count, unit_macs, align)
     cores.split(len(bounds) - 1, lambda k: work(bounds[k], bounds[k + 1]))

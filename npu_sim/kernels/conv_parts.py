@@ -10,9 +10,10 @@ squeeze-excite input scale first, if it has one), the depthwise planes of those 
 image stem's channels (:func:`.conv.direct_fits`), then the bias and epilogue (a fused gate or
 Relu, or a residual ``Add``) on those rows while they are its own. Every element gets exactly
 the arithmetic of the unsplit launch (the same dot product in the same order, the same float32
-epilogue steps), so the values are the same bits: GEMM parts start at multiples of
-:data:`ALIGN` rows and stay above :data:`.blas.SMALL_GEMM`, off OpenBLAS's small-matrix kernel
-(:func:`.blas.edges`).
+epilogue steps), so the values are the same bits: GEMM parts start at multiples of the BLAS
+kernel's block of rows and stay above :data:`.blas.SMALL_GEMM`, off OpenBLAS's small-matrix
+kernel (:func:`.blas.kernel_split`, :func:`.blas.edges`); with a BLAS kernel not measured
+there, 1x1 convolutions run whole.
 
 Measured on 2 vCPUs (AMD EPYC Zen 4), one-thread BLAS, medians of 200: the 16 to 96 channel
 1x1 convolution with bias and SiLU 1.62 ms whole, 0.91 ms in two parts (four parts 0.99, eight
@@ -52,9 +53,6 @@ DEPTHWISE_WORK = 3 << 19
 #: Multiply-adds an output element's bias and epilogue cost, for :data:`SPLIT_WORK` (a SiLU
 #: element about as long as 20 multiply-adds of a one-thread GEMM).
 EPILOGUE_WEIGHT = 20
-#: GEMM parts start at multiples of this many output channels (the AVX-512 sgemm kernel's block
-#: of rows), so each output row is computed by the same kernel block as in the unsplit GEMM.
-ALIGN = 16
 #: A direct (image stem) convolution's parts start at multiples of this many output channels,
 #: the group :func:`.taps.direct` sums together.
 DIRECT_ALIGN = 4
@@ -88,6 +86,9 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
     n, m = into.shape[:2]
     y = into.reshape(n, m, -1)
     gemm, setup = pointwise(group, win), None
+    split = blas.kernel_split()
+    if gemm and split is None:  # a BLAS whose pieces may sum in another order
+        return None
     if gemm:
         compute, macs = _pointwise(inputs, attrs, columns, y), y.size * x.shape[1]
     elif "input_scale" in attrs:
@@ -102,7 +103,7 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
                                                               DEPTHWISE_WORK):
         return None
     edges = blas.edges(m, y.shape[2] * x.shape[1] if gemm else 0,
-                       ALIGN if gemm else DIRECT_ALIGN if setup else 1)
+                       split[0] if gemm else DIRECT_ALIGN if setup else 1)
     if len(edges) < 3:
         return None
 

@@ -77,6 +77,20 @@ def test_a_split_gemm_gives_the_bits_of_one_call() -> None:
             np.testing.assert_array_equal(blas.matmul(a, b), np.matmul(a, b))
 
 
+def test_a_blas_kernel_not_measured_runs_whole(monkeypatch) -> None:
+    """Another BLAS or core type: no split, whose pieces might sum in another order."""
+    monkeypatch.setattr(blas, "KERNELS", {})
+    blas.kernel_split.cache_clear()
+    monkeypatch.setattr(blas, "spread", lambda *a, **k: pytest.fail("split"))
+    try:
+        assert blas.kernel_split() is None
+        a = np.ones((512, 2304), np.float32)
+        b = np.ones((2304, 196), np.float32)
+        np.testing.assert_array_equal(blas.matmul(a, b), np.matmul(a, b))
+    finally:
+        blas.kernel_split.cache_clear()
+
+
 @settings(max_examples=200, deadline=None)
 @given(count=st.integers(1, 5000), unit=st.integers(1, 3 * blas.SMALL_GEMM),
        align=st.sampled_from([1, 4, 16]))
