@@ -121,12 +121,9 @@ def _silu(v, avx512):  # pragma: no cover - numba
     into at its default optimization level) computes it: MLAS's AVX-512F SiLU kernel keeps a
     NaN as it is and clamps the logistic at 1; the generic one (MLAS's logistic, then a
     multiply) does neither (:data:`.host.MLAS_AVX512F`)."""
-    if not avx512:
-        return v * logistic32(v)
-    if v != v:
-        return v
     g = logistic32(v)
-    return v * (_ONE if g > _ONE else g)
+    r = v * (_ONE if avx512 and g > _ONE else g)
+    return v if avx512 and v != v else r  # selects, not branches: the loops vectorise
 
 
 @njit(inline="always")
