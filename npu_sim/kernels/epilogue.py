@@ -68,7 +68,7 @@ def apply_epilogue(op: str, y: np.ndarray, attrs: Mapping[str, Any],
             silu32(y.reshape(-1), MLAS_AVX512F)
         elif step.gate:
             gate = apply_activation(y, step.op, step.params)
-            if step.op == "Sigmoid":  # onnxruntime's QuickGelu clamps it at 1, as silu32
+            if step.op == "Sigmoid":  # a gate of at most 1 (float32 takes silu32 above)
                 np.minimum(gate, 1, out=gate)
             with np.errstate(all="ignore"):
                 np.multiply(y, gate, out=y)
