@@ -6,18 +6,20 @@ threads spin while they wait for each other. On a small GEMM (a mobile net's 1x1
 stalls the whole GEMM for a scheduler tick: measured up to 100x slower than one thread. So:
 
 - a GEMM of fewer than :data:`SMALL_MACS` multiply-accumulates runs on one BLAS thread;
-- a larger one (:func:`matmul`) is split by output rows (or, for a wide product, columns)
-  into at most :data:`PARTS` pieces, one per core, run by the calling thread and
-  :mod:`.cores`' helper threads, each piece a one-thread BLAS call (numpy releases the GIL):
-  no BLAS thread spins waiting for another. Each piece keeps more than :data:`SMALL_GEMM`
-  MACs (:func:`edges`): OpenBLAS sends smaller products to another kernel, which sums in
-  another order, so a split with a smaller piece changed the bits (53 of 196 random shapes);
-  with every piece above it, none of 907 did.
+- a larger one (:func:`matmul`) is split by output rows (or, for a wide product, columns,
+  where the kernel allows: below) into at most :data:`PARTS` pieces, one per core, run by
+  the calling thread and :mod:`.cores`' helper threads, each piece a one-thread BLAS call
+  (numpy releases the GIL): no BLAS thread spins waiting for another. Each piece keeps more
+  than :data:`SMALL_GEMM` MACs (:func:`edges`): OpenBLAS sends smaller products to another
+  kernel, which sums in another order, so a split with a smaller piece changed the bits (53
+  of 196 random shapes); with every piece above it, none of 907 did.
 - a split must not change the bits, so it follows the sgemm kernel OpenBLAS picked for this
   CPU (:func:`kernel_split`): rows are cut at multiples of the kernel's block of output rows
   (an edge block is summed in another order), and columns only where that kernel keeps a
   column piece's bits. Where the kernel is not one measured here (another BLAS, another core
-  type), GEMMs run whole.
+  type), GEMMs run whole. (Row cuts were at any row before the Haswell kernels showed the
+  block mattering; on SkylakeX they are now at multiples of 16, where a cut inside a 16-row
+  block could change the bits.)
 
 A caller running many kernels (the firmware, for a whole program run) holds :func:`one_thread`
 around them all: raising the library's thread count again after every kernel woke OpenBLAS's
@@ -34,6 +36,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from functools import cache
+from pathlib import Path
 
 import numpy as np
 
@@ -49,14 +52,17 @@ thread's share is smaller) measured slower on light_resnet50 both idle (87-100 m
 121-125 ms a run) and with one core kept busy (138-165 ms against 151-182 ms)."""
 
 SMALL_GEMM = 100 ** 3
-"""OpenBLAS runs products of at most this many MACs on its small-matrix kernel."""
+"""OpenBLAS's SkylakeX kernels run products of at most this many MACs on their small-matrix
+kernel; every piece of a split stays above it, whatever the kernel."""
 
-#: OpenBLAS's sgemm kernels measured here, by core name (threadpoolctl's ``architecture``,
-#: lowercased): the block of output rows of a row-major product they compute together, and
-#: whether a product split by output columns keeps its bits. SkylakeX (AVX-512, Zen 4): rows in
-#: blocks of 16, column pieces exact (907 random shapes). Haswell (AVX2, Zen 3): cuts at
-#: multiples of 12 rows gave the whole product's bits on every shape tried, at 3, 4, 6, 8, 9,
-#: 16, 18, 30 and 32 not; column pieces differed at every cut (16 to 6272 columns).
+#: OpenBLAS's sgemm kernels measured here (0.3.31), by core name (threadpoolctl's
+#: ``architecture``, lowercased): the block of output rows of a row-major product they compute
+#: together, and whether a product split by output columns keeps its bits. SkylakeX (AVX-512,
+#: Zen 4): rows in blocks of 16, column pieces exact (907 random shapes). Haswell (AVX2, Zen 3):
+#: cuts at multiples of 12 rows gave the whole product's bits on every shape tried, at 3, 4, 6,
+#: 8, 9, 16, 18, 30 and 32 not; column pieces differed at every cut (16 to 6272 columns).
+#: ``tests/kernels/test_blas.py`` checks the host's entry on every run. Kernels that build on
+#: these (Cooperlake, Zen) are left out until measured: their GEMMs run whole.
 KERNELS: dict[str, tuple[int, bool]] = {"skylakex": (16, True), "haswell": (12, False)}
 
 _LOCK = threading.Lock()
@@ -75,11 +81,13 @@ def _libraries() -> tuple:
 @cache
 def kernel_split() -> tuple[int, bool] | None:
     """How a GEMM of numpy's BLAS may be split without changing its bits: (:data:`KERNELS`'s
-    row block, whether by columns too), or None (run whole) for a kernel not measured here."""
-    libs = [lib for lib in _libraries() if "numpy" in lib.filepath] or list(_libraries())
-    if len(libs) != 1 or libs[0].internal_api != "openblas":
-        return None
-    return KERNELS.get(str(libs[0].architecture).lower())
+    row block, whether by columns too), or None (run whole) for a kernel not measured here, or
+    a BLAS that is not the OpenBLAS numpy's wheel bundles (``numpy.libs``, ``numpy/.dylibs``)."""
+    package = Path(np.__file__).parent
+    bundled = (package.parent / "numpy.libs", package / ".dylibs")
+    libs = [lib for lib in _libraries()
+            if lib.internal_api == "openblas" and Path(lib.filepath).parent in bundled]
+    return KERNELS.get(str(libs[0].architecture).lower()) if len(libs) == 1 else None
 
 
 @contextmanager

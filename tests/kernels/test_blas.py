@@ -6,7 +6,7 @@ import threading
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from threadpoolctl import ThreadpoolController
 
@@ -67,14 +67,35 @@ def test_matmul_equals_numpy(a_shape, b_shape) -> None:
     np.testing.assert_array_equal(out, got)
 
 
-def test_a_split_gemm_gives_the_bits_of_one_call() -> None:
-    """Split by rows or by columns, every element is the same dot product in the same order."""
+def test_a_split_gemm_gives_the_bits_of_one_call(monkeypatch) -> None:
+    """Split by rows or by columns, every element is the same dot product in the same order;
+    split where the BLAS kernel is known (and there are cores to split over), else whole."""
+    calls = []
+    monkeypatch.setattr(blas, "spread", lambda *a, s=blas.spread: calls.append(a) or s(*a))
     r = np.random.default_rng(1)
     for a_shape, b_shape in [((16, 27), (27, 12544)), ((512, 2304), (2304, 196))]:
         a = r.standard_normal(a_shape).astype(np.float32)
         b = r.standard_normal(b_shape).astype(np.float32)
         with blas.one_thread():
             np.testing.assert_array_equal(blas.matmul(a, b), np.matmul(a, b))
+    assert len(calls) == (2 if blas.kernel_split() and blas.THREADS > 1 else 0)
+
+
+@pytest.mark.skipif(blas.kernel_split() is None, reason="no BLAS kernel known to split exactly")
+@settings(max_examples=15, deadline=None)
+@given(m=st.integers(2, 8), k=st.integers(8, 300), n=st.integers(100, 3000),
+       cut=st.integers(1, 7), seed=st.integers(0, 2**32 - 1))
+def test_a_product_cut_at_the_kernels_row_block_keeps_its_bits(m, k, n, cut, seed) -> None:
+    """The property :data:`blas.KERNELS` rests on, on this host's kernel: rows cut at a
+    multiple of its block give the whole product's bits (pieces above the small-matrix size)."""
+    block = blas.kernel_split()[0]
+    rows, lo = m * block, min(cut, m - 1) * block
+    assume(min(lo, rows - lo) * k * n > blas.SMALL_GEMM)
+    r = np.random.default_rng(seed)
+    a = r.standard_normal((rows, k)).astype(np.float32)
+    b = r.standard_normal((k, n)).astype(np.float32)
+    with blas.one_thread():
+        np.testing.assert_array_equal(np.concatenate([a[:lo] @ b, a[lo:] @ b]), a @ b)
 
 
 def test_a_blas_kernel_not_measured_runs_whole(monkeypatch) -> None:
@@ -93,7 +114,7 @@ def test_a_blas_kernel_not_measured_runs_whole(monkeypatch) -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(count=st.integers(1, 5000), unit=st.integers(1, 3 * blas.SMALL_GEMM),
-       align=st.sampled_from([1, 4, 16]))
+       align=st.sampled_from([1, 4, 12, 16]))
 def test_every_split_piece_stays_off_the_small_matrix_kernel(count, unit, align) -> None:
     """Pieces cover the range in order, inner boundaries aligned, at most PARTS of them, and
     each above SMALL_GEMM MACs unless there is only one."""
