@@ -41,8 +41,7 @@ import numpy as np
 from numba import njit
 
 from ..errors import KernelError
-from .host import MLAS_AVX512F
-from .mlas import erf_loop32, gelu32, gelu_tanh32, sigmoid32, tanh_loop32
+from .mlas import erf_loop32, gelu, gelu_tanh32, sigmoid32, tanh_loop32
 from .registry import kernel
 
 HALF_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -233,10 +232,6 @@ def _float32_as_onnxruntime(mlas_loop: Callable[[np.ndarray, np.ndarray], None],
 
 _SQRT_HALF = 0.7071067811865476
 
-
-def _gelu32(x: np.ndarray, out: np.ndarray) -> None:
-    gelu32(x, out, MLAS_AVX512F)
-
 # name -> (number of params allowed, defaults, builder(params) -> run(x, out)). A builder is
 # handed the params padded with the defaults.
 _Builder = Callable[[tuple[float, ...]], Callable[[np.ndarray, np.ndarray], None]]
@@ -253,7 +248,7 @@ _ACTIVATIONS: dict[str, tuple[tuple[float, ...], _Builder]] = {
         tanh_loop32, lambda x, out: np.tanh(x, out=out))),
     "Gelu": ((0.0,), lambda p: _float32_as_onnxruntime(
         gelu_tanh32, _with_exp(_flat_loop(_gelu_tanh_arg), _gelu_tanh_finish)) if p[0]
-        else _float32_as_onnxruntime(_gelu32, _with_exp(_minus_scaled_square(_SQRT_HALF),
+        else _float32_as_onnxruntime(gelu, _with_exp(_minus_scaled_square(_SQRT_HALF),
                                                        _erf_finish, _SQRT_HALF, True))),
     "Erf": ((), lambda p: _float32_as_onnxruntime(
         erf_loop32, _with_exp(_minus_scaled_square(1.0), _erf_finish, 1.0, False))),

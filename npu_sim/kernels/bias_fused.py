@@ -8,7 +8,7 @@ element gets the same float32 operations in the same order as the separate passe
 bias add, then the Relu select, or the gate computed as in
 :func:`npu_sim.kernels.epilogue.apply_epilogue`'s loop and rounded to float32 before the
 multiply), so the values are the same bits. A SiLU gate (EfficientNet) takes the bias in its
-one loop too (:func:`npu_sim.kernels.mlas.bias_sigmoid32`), and so does a squeeze-excite's second
+one loop too (:func:`npu_sim.kernels.mlas.bias_sigmoid`), and so does a squeeze-excite's second
 1x1 convolution with its Sigmoid or HardSigmoid activation, whose 144-576 outputs took 15-40 us
 of Python around a 5 us GEMM.
 """
@@ -23,8 +23,7 @@ from numba import njit
 
 from ..epilogue import decode
 from .activations import full_params
-from .host import MLAS_AVX512F
-from .mlas import bias_sigmoid32
+from .mlas import bias_sigmoid
 
 FusedLoop = Callable[[np.ndarray, np.ndarray], bool]
 
@@ -70,7 +69,7 @@ def fused_bias_loop(op: str, attrs: Mapping[str, Any]) -> FusedLoop | None:
         if activation == "Relu" and not params:
             return _checked(_bias_relu)
         if activation == "Sigmoid" and not params:
-            return _checked(lambda rows, bias: bias_sigmoid32(rows, bias, False, MLAS_AVX512F))
+            return _checked(lambda rows, bias: bias_sigmoid(rows, bias, False))
         if activation == "HardSigmoid":  # a squeeze-excite's gate
             alpha, beta = full_params("HardSigmoid", params)
             return _checked(lambda rows, bias: _bias_hard_sigmoid(rows, bias, alpha, beta, False))
@@ -84,7 +83,7 @@ def fused_bias_loop(op: str, attrs: Mapping[str, Any]) -> FusedLoop | None:
         alpha, beta = full_params("HardSigmoid", steps[0].params)
         return _checked(lambda rows, bias: _bias_hard_sigmoid(rows, bias, alpha, beta, True))
     if steps[0].op == "Sigmoid":
-        return _checked(lambda rows, bias: bias_sigmoid32(rows, bias, True, MLAS_AVX512F))
+        return _checked(lambda rows, bias: bias_sigmoid(rows, bias, True))
     return None
 
 

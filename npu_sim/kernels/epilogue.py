@@ -23,8 +23,7 @@ from ..epilogue import Step, decode
 from ..errors import KernelError
 from .activations import apply_activation, full_params
 from .gemm import broadcasts_to
-from .host import MLAS_AVX512F
-from .mlas import silu32
+from .mlas import silu
 
 UFUNCS = {"Add": np.add, "Mul": np.multiply}
 """The binary epilogue steps' ufuncs."""
@@ -65,10 +64,10 @@ def apply_epilogue(op: str, y: np.ndarray, attrs: Mapping[str, Any],
         elif step.gate and step.op == "Sigmoid" and y.dtype == np.float32:
             if not fast:  # a strided or read-only buffer: onto a copy of it
                 y = y.copy()
-            silu32(y.reshape(-1), MLAS_AVX512F)
+            silu(y.reshape(-1))
         elif step.gate:
             gate = apply_activation(y, step.op, step.params)
-            if step.op == "Sigmoid":  # a gate of at most 1 (float32 takes silu32 above)
+            if step.op == "Sigmoid":  # a gate of at most 1 (float32 takes silu above)
                 np.minimum(gate, 1, out=gate)
             with np.errstate(all="ignore"):
                 np.multiply(y, gate, out=y)

@@ -5,8 +5,9 @@ MLAS picks a kernel per routine once, from CPUID and the registers the OS saves
 onnxruntime's values to the bit (:mod:`.mlas`) take the branch the host's MLAS takes, so the
 same test passes against the installed onnxruntime on an AVX2 machine and on an AVX-512 one.
 
-LLVM reads the same CPUID bits and the same OS state (XCR0) that MLAS does, and numba already
-asked it for them, so the answer costs nothing and cannot disagree with the code numba emits.
+LLVM reads the same CPUID bits and the same OS state (XCR0) that MLAS does (``avx512f`` only
+where the OS saves the ZMM registers), and numba has it loaded already: the answer costs nothing.
+``tests/kernels/test_host.py`` holds it to the flags Linux lists.
 """
 
 from __future__ import annotations

@@ -16,11 +16,12 @@ them with rational functions and polynomials (Eigen's coefficients for the first
 On x86-64 MLAS runs FMA3 kernels, each multiply-add one fused operation; where the host has
 AVX-512F, exact Gelu and QuickGelu's SiLU run AVX-512F kernels that treat NaNs and the
 logistic's top differently, and the loops here take the host's branch as an argument
-(:mod:`.host`; an argument, not a global, so numba's on-disk cache cannot keep another
-host's). The functions here do the same operations in the same order, each multiply-add as
-LLVM's ``fma`` intrinsic (one rounding; vectorised as the loops are), and give onnxruntime's
-bits (``tests/kernels/test_mlas.py`` compares with the installed onnxruntime, and would see a
-release that changed them).
+(:data:`.host.MLAS_AVX512F`; an argument rather than a global the compiled code would freeze,
+so a cache built with ``NUMBA_CPU_NAME=generic`` serves either host). :func:`gelu`,
+:func:`silu` and :func:`bias_sigmoid` pass this host's. The functions here do the same
+operations in the same order, each multiply-add as LLVM's ``fma`` intrinsic (one rounding;
+vectorised as the loops are), and give onnxruntime's bits (``tests/kernels/test_mlas.py``
+compares with the installed onnxruntime, and would see a release that changed them).
 
 Where they saturate differs from the exact functions: the logistic is exactly 0 from -18 down
 (``1 / (1 + exp(-x))`` is 1.3e-33 at -75.7) and exactly 1 from 18 up, below which it is
@@ -40,6 +41,8 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
+
+from .host import MLAS_AVX512F
 
 # MlasLogisticConstants.
 _LOWER, _UPPER = np.float32(-18.0), np.float32(18.0)
@@ -228,3 +231,18 @@ def bias_sigmoid32(y, b, gate, avx512):  # pragma: no cover - numba
             for p in range(row.size):
                 v = row[p] + bias
                 row[p] = _silu(v, avx512) if gate else logistic32(v)
+
+
+def gelu(x: np.ndarray, out: np.ndarray) -> None:
+    """:func:`gelu32` with this host's MLAS branch."""
+    gelu32(x, out, MLAS_AVX512F)
+
+
+def silu(y: np.ndarray) -> None:
+    """:func:`silu32` with this host's MLAS branch."""
+    silu32(y, MLAS_AVX512F)
+
+
+def bias_sigmoid(y: np.ndarray, b: np.ndarray, gate: bool) -> None:
+    """:func:`bias_sigmoid32` with this host's MLAS branch."""
+    bias_sigmoid32(y, b, gate, MLAS_AVX512F)
