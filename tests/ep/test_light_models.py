@@ -46,7 +46,8 @@ def test_the_nine_models_are_there() -> None:
 @pytest.mark.parametrize("name", MODELS)
 def test_runs_on_the_npu_and_matches_onnxruntime(name: str) -> None:
     path = light(name)
-    feeds = sample_input(onnx.load(path))
+    model = onnx.load(path)
+    feeds = sample_input(model)
     session = ep.InferenceSession(str(path), providers=[NPU])
     assert session.get_decline_reasons() == {}
     partitions = session.get_partitions()
@@ -60,13 +61,12 @@ def test_runs_on_the_npu_and_matches_onnxruntime(name: str) -> None:
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape
-    logits = _softmax_logits(onnx.load(path))
+    logits = _softmax_logits(model)
     if logits is None:
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
         return
     # The same model with its Softmax's input as an output too, on both sides.
-    model = onnx.load(path)
     model.graph.output.append(onnx.helper.make_tensor_value_info(logits, onnx.TensorProto.FLOAT,
                                                                  None))
     data = model.SerializeToString()
