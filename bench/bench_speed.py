@@ -22,6 +22,7 @@ Run: ``python bench/bench_speed.py [--models chain,light_resnet50,...] [--repeat
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import resource
 import statistics
@@ -65,6 +66,21 @@ def seconds(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+class FullCollections:
+    """Counts the cyclic collector's full passes (generation 2) while inside."""
+
+    def __enter__(self) -> FullCollections:
+        self.count = 0
+        gc.callbacks.append(self._seen)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._seen)
+
+    def _seen(self, phase: str, info: dict[str, int]) -> None:
+        self.count += phase == "start" and info["generation"] == 2
 
 
 def paired_medians(a: Callable[[], object], b: Callable[[], object], rounds: int,
@@ -141,8 +157,10 @@ def bench_creation(name: str, path: Path, table: Table, repeat: int) -> None:
     options.add_session_config_entry("ep.context_enable", "1")
     ep.InferenceSession(str(path), options)
     ctx = path.with_name(f"{path.stem}_ctx.onnx")
-    loads = [seconds(lambda: ep.InferenceSession(str(ctx))) for _ in range(9)]
-    print(f"  EPContext loads: {', '.join(f'{t * 1e3:.1f}' for t in loads)} ms")
+    with FullCollections() as full:
+        loads = [seconds(lambda: ep.InferenceSession(str(ctx))) for _ in range(9)]
+    print(f"  EPContext loads: {', '.join(f'{t * 1e3:.1f}' for t in loads)} ms "
+          f"({full.count} full collection(s) of the process among them)")
     table.add(f"{name} creation source / EPContext (slowest of 9)", t_src / max(loads), 10.0,
               at_least=True)
 
