@@ -30,7 +30,7 @@ from npu_sim import dtypes
 from npu_sim.dtypes import TensorSpec
 from npu_sim.errors import InvalidCommand
 from npu_sim.hbm import DeviceBuffer
-from npu_sim.kernels import blas, cores
+from npu_sim.kernels import blas
 
 from . import prune, replay
 from .commands import U32_MAX, Barrier, Command, Dma, Signal, Wait, pack
@@ -84,7 +84,7 @@ def _relocate(cmd: Command, loaded: LoadedProgram) -> Command:
 
 def _replayed(schedule: replay.Schedule, loaded: LoadedProgram, host_in: list[np.ndarray],
               host_out: list[np.ndarray]) -> bool:
-    with blas.one_thread(), cores.running():
+    with blas.one_thread():
         return schedule.replay(loaded, host_in, host_out)
 
 
@@ -220,8 +220,7 @@ class LoadedProgram:
             stream = [*pre, Barrier(io_id), *body, Barrier(io_id + 1), *post]
             self.last_run_cycles = None
             start = device.now
-            # see npu_sim.kernels.blas and .cores: once per run, not per kernel
-            with blas.one_thread(), cores.running():
+            with blas.one_thread():  # see npu_sim.kernels.blas: once per run, not per kernel
                 fw.run(stream, queue=queue, program=self, functional=functional)
             self.last_run_cycles = device.now - start
             self._forget_landed()

@@ -32,7 +32,6 @@ jobs (load 6-9): light_resnet50 went from 1.9 s to 0.5-0.7 s per run, onnxruntim
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -89,26 +88,6 @@ def kernel_split() -> tuple[int, bool] | None:
     libs = [lib for lib in _libraries()
             if lib.internal_api == "openblas" and Path(lib.filepath).parent in bundled]
     return KERNELS.get(str(libs[0].architecture).lower()) if len(libs) == 1 else None
-
-
-@cache
-def sgemm() -> tuple[int, bool] | None:
-    """The address of ``cblas_sgemm`` in the OpenBLAS numpy calls (the one
-    :func:`kernel_split` reads, its symbols as numpy's wheels name them) and whether its
-    integers are 64-bit, for native parts (:func:`.native.sgemm`); None for another BLAS."""
-    if kernel_split() is None:
-        return None
-    lib = next(lib for lib in _libraries() if lib.internal_api == "openblas")
-    handle = ctypes.CDLL(lib.filepath)
-    for name, ilp64 in (("scipy_cblas_sgemm64_", True), ("cblas_sgemm64_", True),
-                        ("scipy_cblas_sgemm", False), ("cblas_sgemm", False)):
-        if hasattr(handle, name):
-            _HANDLES.append(handle)  # the library stays loaded while its address is used
-            return ctypes.cast(getattr(handle, name), ctypes.c_void_p).value, ilp64
-    return None
-
-
-_HANDLES: list[ctypes.CDLL] = []
 
 
 @contextmanager

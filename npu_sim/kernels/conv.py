@@ -398,17 +398,6 @@ def _direct(x: np.ndarray, w: np.ndarray, win: Window, y: np.ndarray) -> None:
         channels(phases(i), 0, y.shape[1], y[i])
 
 
-def direct_layout(x: np.ndarray, w: np.ndarray, win: Window
-                  ) -> tuple[int, int, np.ndarray, np.ndarray]:
-    """A :func:`direct_fits` convolution's phases length per input channel, their pitch, the
-    tap offsets (:func:`.taps.offsets`) and the weights as (M, C, K*K), for
-    :func:`.taps.direct`."""
-    k, s = win.kernel[0], win.strides[0]
-    rows, pitch, _ = taps.geometry(k, s, *win.out)
-    wk = np.ascontiguousarray(w.reshape(w.shape[0], x.shape[1], k * k))
-    return s * s * rows * pitch, pitch, taps.offsets(k, s, rows, pitch), wk
-
-
 def direct_steps(x: np.ndarray, w: np.ndarray, win: Window
                  ) -> tuple[Callable[[int], np.ndarray],
                             Callable[[np.ndarray, int, int, np.ndarray], None]]:
@@ -417,7 +406,9 @@ def direct_steps(x: np.ndarray, w: np.ndarray, win: Window
     output channels ``lo..hi`` of that image from them into ``out`` (:func:`.taps.direct`)."""
     k, s = win.kernel[0], win.strides[0]
     rows, pitch, span = taps.geometry(k, s, *win.out)
-    size, _, o, wk = direct_layout(x, w, win)
+    o = taps.offsets(k, s, rows, pitch)
+    wk = np.ascontiguousarray(w.reshape(w.shape[0], x.shape[1], k * k))
+    size = s * s * rows * pitch
 
     def phases(i: int) -> np.ndarray:
         return taps.phases(x[i], s, win.pads_begin[0], win.pads_begin[1], rows, pitch,

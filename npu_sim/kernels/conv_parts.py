@@ -15,14 +15,6 @@ kernel's block of rows and stay above :data:`.blas.SMALL_GEMM`, off OpenBLAS's s
 kernel (:func:`.blas.kernel_split`, :func:`.blas.edges`); with a BLAS kernel not measured
 there, 1x1 convolutions run whole.
 
-The parts are native where they can be (:mod:`.native`, :func:`.cores.run_native`): the
-channels' compute (:func:`.taps.depthwise_part`, :func:`.taps.direct_part`, or
-:func:`pointwise_part`, which calls numpy's own ``cblas_sgemm`` with numpy's arguments), then
-their bias and epilogue (:mod:`.bias_fused`'s fused loops, :func:`.mlas.sigmoid_part`, or the
-bias and residual operands of :func:`.bias_fused.steps_part`), the same operations as the
-numpy parts, so the same bits. The helpers run them without the GIL; the numpy parts remain
-for what has no native part (another BLAS, more than :data:`.bias_fused.STEPS` operands).
-
 Measured on 2 vCPUs (AMD EPYC Zen 4), one-thread BLAS, medians of 200: the 16 to 96 channel
 1x1 convolution with bias and SiLU 1.62 ms whole, 0.91 ms in two parts (four parts 0.99, eight
 2.3: each part's few numpy and numba calls take and release the GIL, and with many small
@@ -33,22 +25,19 @@ view, whose epilogue loops do not vectorise.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from numba import carray, cfunc, float32
 
 from ..epilogue import Step, input_scale
 from ..errors import KernelError
 from . import blas, cores, taps
-from .bias_fused import STEP_ADD, STEP_MUL, STEPS, Fused, steps_context, steps_part
-from .conv import Window, as5d, channel_scale, direct_fits, direct_layout, direct_steps, pointwise
+from .bias_fused import FusedLoop
+from .conv import Window, as5d, channel_scale, direct_fits, direct_steps, pointwise
 from .depthwise import tapped, tapped_args
 from .epilogue import UFUNCS
-from .native import SIGNATURE, address, pointer, sgemm
 
 #: A 1x1 convolution splits when its multiply-adds plus :data:`EPILOGUE_WEIGHT` per output
 #: element reach this much work, a depthwise one at :data:`DEPTHWISE_WORK` (its multiply-adds
@@ -72,7 +61,7 @@ Part = Callable[[int, int, int], object]
 
 
 def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: int,
-         win: Window, into: np.ndarray | None, fused: Fused | None,
+         win: Window, into: np.ndarray | None, fused: FusedLoop | None,
          steps: Sequence[Step], columns: list[np.ndarray] | None) -> Callable[[], bool] | None:
     """A function computing the whole Conv launch of ``inputs`` (values, bias, epilogue) into
     ``into`` in parts over the cores, or None when the launch does not split. It splits when
@@ -100,18 +89,14 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
     split = blas.kernel_split()
     if gemm and split is None:  # a BLAS whose pieces may sum in another order
         return None
-    native: Callable[[list[int]], tuple] | None = None  # (part, context, setup, arrays kept)
     if gemm:
         compute, macs = _pointwise(inputs, attrs, columns, y), y.size * x.shape[1]
-        native = _native_pointwise(inputs, attrs, columns, y) if compute is not None else None
     elif "input_scale" in attrs:
         return None
     elif group > 1 and w.shape[1] == 1:
         compute, macs = _depthwise(x, w, win, into), y.size * math.prod(win.kernel)
-        native = _native_depthwise(x, w, win, into) if compute is not None else None
     elif group == 1 and direct_fits(x.shape[1], w.shape, win, x.dtype):
         (setup, compute), macs = _direct(x, w, win, into), w.size * y.size // m
-        native = _native_direct(x, w, win, into)
     else:
         return None
     if compute is None or macs + EPILOGUE_WEIGHT * y.size < (SPLIT_WORK if gemm else
@@ -121,9 +106,6 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
                        split[0] if gemm else DIRECT_ALIGN if setup else 1)
     if len(edges) < 3:
         return None
-    finish = None if native is None else _native_finish(fused, b, operands, y, edges)
-    if finish is not None:
-        return _native_run(None if gemm else w, *native(edges), *finish, len(edges) - 1)
 
     def part(k: int) -> None:
         lo, hi = edges[k], edges[k + 1]
@@ -152,147 +134,6 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
         return True
 
     return run
-
-
-def _native_run(finite: np.ndarray | None, main: int, context: np.ndarray,
-                setup: Callable[[], None] | None, keep: tuple, after: int,
-                after_context: np.ndarray | None, parts: int) -> Callable[[], bool]:
-    """The run of a launch whose parts are native (:func:`.cores.run_native`): its compute
-    part, then its bias and epilogue part, channel range by channel range. Like the numpy
-    parts' run, it returns False when ``finite`` (taps' weights) has an inf or NaN, which the
-    padding would multiply by 0; ``keep`` holds the arrays the contexts point to that nothing
-    else keeps alive."""
-    def run() -> bool:
-        if finite is not None and not np.isfinite(finite).all():
-            return False
-        if setup is not None:
-            setup()
-        with blas.single_thread():  # one BLAS thread per part, as the numpy parts
-            cores.run_native(parts, main, context, after, after_context)
-        return True
-
-    run.keep = keep  # type: ignore[attr-defined]
-    return run
-
-
-def _native_finish(fused: Fused | None, b: np.ndarray | None,
-                   operands: list[tuple[np.ufunc, np.ndarray]], y: np.ndarray,
-                   edges: list[int]) -> tuple[int, np.ndarray | None] | None:
-    """The native part finishing each part's channels and its context: the fused loop's, the
-    bias and residual operands, or none (0); None where they cannot be native."""
-    if b is not None and not b.flags.c_contiguous:
-        return None
-    if fused is not None:
-        return fused.native.part(), fused.native.context(y, b, edges)
-    if not operands and b is None:
-        return 0, None
-    steps = [(STEP_ADD if ufunc is np.add else STEP_MUL, operand) for ufunc, operand in operands]
-    if len(steps) > STEPS or any(not o.flags.c_contiguous for _, o in steps):
-        return None
-    return steps_part(), steps_context(y, b, steps, edges)
-
-
-#: Context of :func:`_pointwise_part`: w (M, C), C, pixels, N; y (N, M, pixels), M; the
-#: ``cblas_sgemm`` address and whether it is ILP64 (:func:`.blas.sgemm`); the input scale
-#: (C,) and the scaled weights' buffer (0: no scale); the part count and bounds; from slot
-#: POINTWISE_COLUMNS the address of each image's (C, pixels) columns.
-POINTWISE_COLUMNS = 16
-
-
-def _pointwise_part(context, k):  # pragma: no cover - compiled
-    c = carray(context, POINTWISE_COLUMNS + carray(context, 4)[3])
-    chans, pixels, m, lo, hi = c[1], c[2], c[5], c[11 + k], c[12 + k]
-    weights = c[0] + lo * chans * 4
-    if c[8]:
-        scale = carray(pointer(c[8], float32), chans)
-        w = carray(pointer(weights, float32), (hi - lo, chans))
-        scaled = carray(pointer(c[9] + lo * chans * 4, float32), (hi - lo, chans))
-        for r in range(hi - lo):
-            for j in range(chans):
-                scaled[r, j] = w[r, j] * scale[j]
-        weights = c[9] + lo * chans * 4
-    for n in range(c[3]):
-        sgemm(c[6], c[7], hi - lo, pixels, chans, weights, chans, c[POINTWISE_COLUMNS + n],
-              pixels, c[4] + (n * m + lo) * pixels * 4, pixels)
-
-
-@functools.cache
-def pointwise_part() -> int:
-    """The address of the native part computing a 1x1 convolution's output channels: the
-    GEMM of its weight rows (times the input scale, if any) with each image's columns, as
-    :func:`_pointwise` does through numpy (compiled on first use)."""
-    return cfunc(SIGNATURE, nogil=True, cache=True)(_pointwise_part).address
-
-
-def _native_pointwise(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
-                      columns: list[np.ndarray], y: np.ndarray
-                      ) -> Callable[[list[int]], tuple[int, np.ndarray, None]] | None:
-    """The native part of a 1x1 convolution that :func:`_pointwise` splits, and its context for
-    parts of channels ``edges``; None without the BLAS's ``cblas_sgemm`` (:func:`.blas.sgemm`)
-    or where numpy would not call it (a single pixel: a matrix-vector product)."""
-    found = blas.sgemm()
-    if found is None or y.shape[2] < 2 or not all(c.flags.c_contiguous for c in columns):
-        return None
-    w = inputs[1]
-    w2 = w.reshape(w.shape[0], -1)
-    scale = scaled = None
-    if input_scale("Conv", attrs) >= 0:
-        s = channel_scale(w, 1, inputs, attrs)
-        scale, scaled = np.ascontiguousarray(s.reshape(-1)), np.empty_like(w2)
-
-    def native(edges: list[int]) -> tuple[int, np.ndarray, None]:
-        context = np.zeros(POINTWISE_COLUMNS + len(columns), np.int64)
-        head = [address(w2), w2.shape[1], y.shape[2], y.shape[0], address(y), y.shape[1],
-                found[0], found[1], 0 if scale is None else address(scale),
-                0 if scaled is None else address(scaled), len(edges) - 1, *edges]
-        context[:len(head)] = head
-        context[POINTWISE_COLUMNS:] = [address(c) for c in columns]
-        return pointwise_part(), context, None, (w2, scale, scaled, columns)
-
-    return native
-
-
-def _native_depthwise(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarray
-                      ) -> Callable[[list[int]], tuple[int, np.ndarray, None]]:
-    """The native part of a depthwise launch (:func:`.taps.depthwise_part`) and its context for
-    parts of channels ``edges``."""
-    _, st3, _, pb3 = win.as3()
-    x4, w2, s, pt, pl, rows, pitch, o, y4 = tapped_args(
-        as5d(x), as5d(w), st3, pb3, (1, *win.out[-2:]), into)
-
-    def native(edges: list[int]) -> tuple[int, np.ndarray, None]:
-        context = np.array([address(x4), *x4.shape, address(w2), *w2.shape, s, pt, pl, rows,
-                            pitch, address(o), o.size, address(y4), *y4.shape, len(edges) - 1,
-                            *edges], np.int64)
-        return taps.depthwise_part(), context, None, (x4, w2, o, y4)
-
-    return native
-
-
-def _native_direct(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarray
-                   ) -> Callable[[list[int]], tuple[int, np.ndarray, Callable[[], None]]]:
-    """The native part of an image stem (:func:`.taps.direct_part`), its context for parts of
-    channels ``edges`` and its setup: each run splits the images into their phases (on the
-    calling thread, as :func:`_direct`) and puts their addresses in the context."""
-    size, pitch, o, wk = direct_layout(x, w, win)
-    phases, _ = direct_steps(x, w, win)
-    n, m = into.shape[:2]
-    flats: list[np.ndarray] = []
-
-    def native(edges: list[int]) -> tuple[int, np.ndarray, Callable[[], None]]:
-        context = np.zeros(taps.DIRECT_PHASES + n, np.int64)
-        head = [size, pitch, address(o), o.size, address(wk), *wk.shape[1:], n, m,
-                *into.shape[2:], 0, address(into), len(edges) - 1, *edges]
-        context[:len(head)] = head
-
-        def setup() -> None:
-            flats[:] = [phases(i) for i in range(n)]
-            context[11] = flats[0].size
-            context[taps.DIRECT_PHASES:] = [address(f) for f in flats]
-
-        return taps.direct_part(), context, setup, (o, wk, flats)
-
-    return native
 
 
 def _operand_steps(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],

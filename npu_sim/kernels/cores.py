@@ -36,13 +36,6 @@ eight parts of four calls each measured 2.3 against 1.6 ms whole. Making the cal
 compiled code until the helper had claimed its part (so the helper took a free GIL) measured no
 better. With the other core kept busy by a spinning process, the split launches measured from
 10% slower to 1.3x faster than whole (a busy core never made them collapse).
-
-:func:`run_native` takes that cost away where the parts are compiled: its parts are native
-parts (:mod:`.native`, numba ``cfunc``s), which the helpers call from their compiled spin loop
-without taking the GIL. Measured on 2 vCPUs (AMD EPYC Zen 3), one image: a depthwise 240
-channels of 14x14 5x5 224 us whole, 233 us in two Python parts, 120 us in two native parts; 72
-of 56x56 3x3 stride 2 217, 235, 116 us. :func:`running` keeps the helpers spinning through a
-program run rather than for :data:`SPIN_SECONDS` after each job only.
 """
 
 from __future__ import annotations
@@ -51,16 +44,13 @@ import os
 import platform
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
-
-from .native import address, call_part
 
 MAX_THREADS = 4
 """The most threads a launch is split over: more parts than this gained nothing measurable
@@ -133,16 +123,6 @@ def _fetch_add(typingctx, array, index):  # pragma: no cover - compiled
     return array.dtype(array, index), codegen
 
 
-@intrinsic
-def _swap(typingctx, array, index, expected, desired):  # pragma: no cover - compiled
-    """Atomically set ``array[index]`` to ``desired`` if it holds ``expected``; whether it did."""
-    def codegen(context, builder, signature, args):
-        ptr = _item(context, builder, signature, args)
-        return builder.extract_value(builder.cmpxchg(ptr, args[2], args[3], "seq_cst",
-                                                     "seq_cst"), 1)
-    return types.boolean(array, index, array.dtype, array.dtype), codegen
-
-
 #: The spin-wait hint of this CPU's instruction set, as an LLVM intrinsic (none known: the spin
 #: loops run without one).
 _PAUSE = {"x86_64": "llvm.x86.sse2.pause", "amd64": "llvm.x86.sse2.pause",
@@ -201,92 +181,6 @@ def _await_done(counts, parts, limit):  # pragma: no cover - compiled
     return _load(counts, 1) >= parts
 
 
-# A native job (:func:`run_native`) lives in the team's ``native`` array: slot 0 holds the job's
-# sequence number (its post) << 32 | the next part to claim, slot 1 the parts finished, and
-# slots 2-6 or 7-11 (by the sequence number's parity) its first part function, its context,
-# the epilogue part function (0: none), its context and the part count. A part is claimed by a
-# compare-and-swap of slot 0 that also checks the sequence number, so a helper that read an
-# older job's slots and was then descheduled claims nothing of a newer job; a job's slots are
-# written again only two posts later, once every part of the job between has been claimed.
-_SLOT = 5
-
-
-@njit(cache=True, nogil=True)
-def _native_parts(native, seq):  # pragma: no cover - compiled
-    """Claim and run parts of native job ``seq`` until none is left; how many this thread ran."""
-    at = 2 + _SLOT * (seq & 1)
-    main, context, after, after_context, parts = (native[at], native[at + 1], native[at + 2],
-                                                  native[at + 3], native[at + 4])
-    ran = 0
-    while True:
-        word = _load(native, 0)
-        k = word & 0xFFFFFFFF
-        if word >> 32 != seq or k >= parts:
-            return ran
-        if _swap(native, 0, word, word + 1):
-            call_part(main, context, k)
-            if after:
-                call_part(after, after_context, k)
-            _fetch_add(native, 1)
-            ran += 1
-
-
-@njit(cache=True, nogil=True)
-def _publish(posted, native, main, context, after, after_context, parts):  # pragma: no cover
-    """Write native job ``posted[0] + 1`` and post it; its sequence number."""
-    seq = posted[0] + 1
-    at = 2 + _SLOT * (seq & 1)
-    native[at], native[at + 1], native[at + 2] = main, context, after
-    native[at + 3], native[at + 4] = after_context, parts
-    native[1] = 0
-    native[0] = seq << 32
-    _fetch_add(posted, 0)  # a full barrier: the helpers see the slots once they see the post
-    return seq
-
-
-@njit(cache=True, nogil=True)
-def _serve_native(posted, native, running, seen, limit):  # pragma: no cover - compiled
-    """A helper's wait for its next job: spin (``limit`` times at most without a new post, or
-    as long as ``running[0]`` counts a program run and ``limit`` is not 0), running the parts
-    of native jobs as they come; the newest post and whether it is a job for Python (False:
-    the spin ran out, the post being the last job seen)."""
-    spins = 0
-    while spins < limit or (limit and _load(running, 0) > 0):
-        p = _load(posted, 0)
-        if p == seen:
-            spins += 1
-            _pause()
-            continue
-        if _load(native, 0) >> 32 != p:
-            return p, True
-        _native_parts(native, p)
-        seen, spins = p, 0
-    p = _load(posted, 0)
-    if p != seen and _load(native, 0) >> 32 == p:  # posted as the spin ran out
-        _native_parts(native, p)
-        seen = p
-    return seen, False
-
-
-@njit(cache=True, nogil=True)
-def _native_serial(main, context, after, after_context, parts):  # pragma: no cover - compiled
-    for k in range(parts):
-        call_part(main, context, k)
-        if after:
-            call_part(after, after_context, k)
-
-
-@njit(cache=True, nogil=True)
-def _await_native(native, parts, limit):  # pragma: no cover - compiled
-    """Spin while fewer than ``parts`` parts of the native job are finished, at most ``limit``
-    times; whether all are."""
-    for _ in range(limit):
-        if _load(native, 1) >= parts:
-            return True
-        _pause()
-    return _load(native, 1) >= parts
-
-
 class _Job:
     """One split: ``work(k)`` for ``k < parts``; ``counts`` = [next part, parts finished]."""
 
@@ -331,8 +225,6 @@ class _Team:
 
     def __init__(self) -> None:
         self.posted = np.zeros(1, np.int64)  # sequence number of the newest job
-        self.native = np.zeros(2 + 2 * _SLOT, np.int64)  # the native job (_native_parts)
-        self.running = np.zeros(1, np.int64)  # program runs going on (running())
         self.job: _Job | None = None
         self.wake = threading.Condition()
         self.sleepers = 0
@@ -347,18 +239,13 @@ class _Team:
     def _serve(self) -> None:
         seen = 0
         while True:
-            seen, python = _serve_native(self.posted, self.native, self.running, seen,
-                                         self.spin)
-            if not python:
+            if _await_change(self.posted, seen, self.spin) == seen:
                 with self.wake:
                     self.sleepers += 1
                     while self.posted[0] == seen:
                         self.wake.wait()
                     self.sleepers -= 1
-                seen = int(self.posted[0])
-                if self.native[0] >> 32 == seen:  # woken for a native job
-                    _native_parts(self.native, seen)
-                    continue
+            seen = int(self.posted[0])
             job = self.job
             if job is not None and int(job.counts[0]) < job.parts:
                 job.claimed = job.claimed or time.perf_counter()
@@ -388,23 +275,6 @@ class _Team:
         # caller ran every part for longer than that
         late = job.claimed - posted if job.claimed else (done - posted if mine else 0.0)
         if late > LATE:
-            self.strike()
-        else:
-            self.strikes = 0
-
-    def run_native(self, main: int, context: int, after: int, after_context: int,
-                   parts: int) -> None:
-        """Post a native job (:func:`run_native`), run parts of it and return when all are
-        done. A native part never fails, and waiting for one cannot be interrupted."""
-        posted = time.perf_counter()
-        seq = _publish(self.posted, self.native, main, context, after, after_context, parts)
-        if self.sleepers:
-            with self.wake:
-                self.wake.notify_all()
-        mine = _native_parts(self.native, seq)
-        while not _await_native(self.native, parts, self.spins):
-            time.sleep(0)  # a helper was descheduled inside its part
-        if mine == parts and time.perf_counter() - posted > LATE:  # no helper came in time
             self.strike()
         else:
             self.strikes = 0
@@ -484,76 +354,31 @@ def team() -> _Team | None:
     return _team
 
 
-@contextmanager
-def running() -> Iterator[None]:
-    """Inside, a program runs: once a split has woken them, the helpers spin between its
-    launches instead of for :data:`SPIN_SECONDS` only, so the next split finds them awake
-    (unless they rest, on a busy host). A mobile net's split launches are often more than
-    0.5 ms apart, and a helper asleep takes longer to wake (40-60 us here) than most of their
-    parts take. Nests, across threads."""
-    helpers = _team  # none yet: no split has run, and the first starts them
-    if helpers is None:
-        yield
-        return
-    with _team_lock:
-        helpers.running[0] += 1
-    try:
-        yield
-    finally:
-        with _team_lock:
-            helpers.running[0] -= 1
-
-
-def _reserve(parts: int) -> _Team | None:
-    """The helper threads, reserved for one split of ``parts`` parts (the caller releases
-    ``busy``), or None when the split runs on the caller alone: one part, one core, another
-    split running, helpers resting after coming late, or a busy host."""
-    helpers = team()
-    if parts <= 1 or helpers is None or not helpers.busy.acquire(blocking=False):
-        return None
-    if helpers.rest > 0:  # resting after late helpers: on the caller
-        helpers.rest -= 1
-        if not helpers.rest:
-            helpers.spin = helpers.spins
-    elif _others_running(helpers):
-        helpers.strike()  # this split runs on the caller
-    else:
-        return helpers
-    helpers.busy.release()
-    return None
-
-
 def split(parts: int, work: Callable[[int], object]) -> None:
     """``work(k)`` for every ``k`` in ``range(parts)``, spread over the caller and the helper
     threads; returns when all are done and raises what the lowest-numbered failing part
     raised (the rest are skipped once one has failed)."""
-    helpers = _reserve(parts)
-    if helpers is None:
+    helpers = team()
+    if parts <= 1 or helpers is None or not helpers.busy.acquire(blocking=False):
         for k in range(parts):
             work(k)
         return
     try:
-        job = _Job(work, parts)
-        helpers.run(job)
+        if helpers.rest > 0:  # resting after late helpers: on the caller
+            helpers.rest -= 1
+            if not helpers.rest:
+                helpers.spin = helpers.spins
+            job = None
+        elif _others_running(helpers):
+            helpers.strike()  # this split runs on the caller
+            job = None
+        else:
+            job = _Job(work, parts)
+            helpers.run(job)
     finally:
         helpers.busy.release()
-    if (error := job.error()) is not None:
+    if job is None:
+        for k in range(parts):
+            work(k)
+    elif (error := job.error()) is not None:
         raise error
-
-
-def run_native(parts: int, main: int, context: np.ndarray, after: int = 0,
-               after_context: np.ndarray | None = None) -> None:
-    """Native part ``main`` (the address of a :data:`.native.SIGNATURE` ``cfunc``) for every
-    ``k`` in ``range(parts)`` with ``context``, each followed by part ``after`` with
-    ``after_context`` if given, spread over the caller and the helper threads as
-    :func:`split` spreads its parts; the helpers run them without the GIL. The contexts (and
-    every array they point to) must stay alive until it returns."""
-    second = 0 if after_context is None else address(after_context)
-    helpers = _reserve(parts)
-    if helpers is None:
-        _native_serial(main, address(context), after, second, parts)
-        return
-    try:
-        helpers.run_native(main, address(context), after, second, parts)
-    finally:
-        helpers.busy.release()

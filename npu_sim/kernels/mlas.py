@@ -35,16 +35,14 @@ float64 is not here: onnxruntime computes it with Eigen (``.activations``).
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, cfunc, float32, njit, types
+from numba import njit, types
 from numba.extending import intrinsic
 
 from .host import MLAS_AVX512F
-from .native import SIGNATURE, pointer
 
 # MlasLogisticConstants.
 _LOWER, _UPPER = np.float32(-18.0), np.float32(18.0)
@@ -248,21 +246,3 @@ def silu(y: np.ndarray) -> None:
 def bias_sigmoid(y: np.ndarray, b: np.ndarray, gate: bool) -> None:
     """:func:`bias_sigmoid32` with this host's MLAS branch."""
     bias_sigmoid32(y, b, gate, MLAS_AVX512F)
-
-
-def _sigmoid_part(context, k):  # pragma: no cover - compiled
-    """A native part (:mod:`.native`): :func:`bias_sigmoid32` on a split launch's channels,
-    its context laid out as :mod:`.bias_fused`'s fused parts' (gate in slot 7, the host's
-    AVX-512F flag in slot 8)."""
-    c = carray(context, 12 + k)
-    m, pixels, lo, hi = c[2], c[3], c[10 + k], c[11 + k]
-    b = carray(pointer(c[4] + lo * 4, float32), hi - lo)
-    for n in range(c[1]):
-        rows = carray(pointer(c[0] + (n * m + lo) * pixels * 4, float32), (1, hi - lo, pixels))
-        bias_sigmoid32(rows, b, c[7] != 0, c[8] != 0)
-
-
-@functools.cache
-def sigmoid_part() -> int:
-    """The address of :func:`_sigmoid_part` (compiled on first use)."""
-    return cfunc(SIGNATURE, nogil=True, cache=True, error_model="numpy")(_sigmoid_part).address

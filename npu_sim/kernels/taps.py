@@ -29,9 +29,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import carray, cfunc, float32, int64, njit
-
-from .native import SIGNATURE, pointer
+from numba import njit
 
 #: Square kernel sizes with an unrolled tap loop.
 SIZES = (3, 5)
@@ -282,53 +280,3 @@ def direct(flat, size, pitch, o, w, out):  # pragma: no cover - compiled
                 row = run[m - m0, b * pitch:]
                 for e in range(ow):
                     dst[e] = row[e]
-
-
-# Native parts (:mod:`.native`): a split launch's channels on the helper threads, without the
-# GIL. Part ``k`` computes output channels ``bounds[k]..bounds[k + 1]`` of every image.
-#: Context of :func:`depthwise_part`: x, its (N, C, H, W); w, its (M, K*K); s, pt, pl, rows,
-#: pitch; the offsets and their count; out, its (N, M, OH, OW); then the part bounds.
-DEPTHWISE_BOUNDS = 21
-#: Context of :func:`direct_part`: size, pitch; the offsets and their count; w, its C and K*K;
-#: N, M, OH, OW; the phases' length per image; out; then the part bounds, and from slot
-#: ``DIRECT_PHASES`` the address of each image's phases (written each run).
-DIRECT_BOUNDS = 14
-DIRECT_PHASES = 32
-
-
-def _depthwise_part(context, k):  # pragma: no cover - compiled
-    c = carray(context, DEPTHWISE_BOUNDS + k + 2)
-    x = carray(pointer(c[0], float32), (c[1], c[2], c[3], c[4]))
-    w = carray(pointer(c[5], float32), (c[6], c[7]))
-    o = carray(pointer(c[13], int64), c[14])
-    out = carray(pointer(c[15], float32), (c[16], c[17], c[18], c[19]))
-    lo, hi, m = c[DEPTHWISE_BOUNDS + k], c[DEPTHWISE_BOUNDS + k + 1], c[17]
-    for n in range(c[16]):
-        depthwise(x, w, c[8], c[9], c[10], c[11], c[12], o, out, n * m + lo, n * m + hi)
-
-
-def _direct_part(context, k):  # pragma: no cover - compiled
-    c = carray(context, DIRECT_PHASES + carray(context, DIRECT_PHASES)[7])
-    o = carray(pointer(c[2], int64), c[3])
-    lo, hi = c[DIRECT_BOUNDS + k], c[DIRECT_BOUNDS + k + 1]
-    chans, kk = c[5], c[6]
-    w = carray(pointer(c[4] + lo * chans * kk * 4, float32), (hi - lo, chans, kk))
-    m, oh, ow = c[8], c[9], c[10]
-    for n in range(c[7]):
-        flat = carray(pointer(c[DIRECT_PHASES + n], float32), c[11])
-        out = carray(pointer(c[12] + ((n * m + lo) * oh * ow) * 4, float32), (hi - lo, oh, ow))
-        direct(flat, c[0], c[1], o, w, out)
-
-
-@functools.cache
-def depthwise_part() -> int:
-    """The address of the native part computing a depthwise launch's channels (compiled on
-    first use; its context: :data:`DEPTHWISE_BOUNDS`)."""
-    return cfunc(SIGNATURE, nogil=True, cache=True, error_model="numpy")(_depthwise_part).address
-
-
-@functools.cache
-def direct_part() -> int:
-    """The address of the native part computing an image stem's channels (compiled on first
-    use; its context: :data:`DIRECT_BOUNDS`, :data:`DIRECT_PHASES`)."""
-    return cfunc(SIGNATURE, nogil=True, cache=True, error_model="numpy")(_direct_part).address
