@@ -83,12 +83,23 @@ class FullCollections:
         self.count += phase == "start" and info["generation"] == 2
 
 
+#: Seconds each block of runs waits first, so that it does not share a core with the threads
+#: the other side left spinning: onnxruntime's intra-op worker spins about 48 ms after a run
+#: (its state in /proc/self/task, MobileNet-V3, 2 threads), npu-sim's helpers 0.5 ms. Blocks
+#: of NpuSim runs that began inside it found the host busy and ran most of their splits on
+#: one core (387 of 524 in ten 10-run blocks of MobileNet-V3).
+SETTLE = 0.1
+
+
 def paired_medians(a: Callable[[], object], b: Callable[[], object], rounds: int,
                    block: int) -> tuple[float, float]:
-    """Median seconds of ``a`` and of ``b``, timed in alternating blocks of ``block`` calls."""
+    """Median seconds of ``a`` and of ``b``, timed in alternating blocks of ``block`` calls,
+    each block after :data:`SETTLE` seconds of pause."""
     ta, tb = [], []
     for _ in range(rounds):
+        time.sleep(SETTLE)
         ta += [seconds(a) for _ in range(block)]
+        time.sleep(SETTLE)
         tb += [seconds(b) for _ in range(block)]
     return statistics.median(ta), statistics.median(tb)
 
