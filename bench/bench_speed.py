@@ -83,23 +83,24 @@ class FullCollections:
         self.count += phase == "start" and info["generation"] == 2
 
 
-#: Seconds each block of runs waits first, so that it does not share a core with the threads
-#: the other side left spinning: onnxruntime's intra-op worker spins about 48 ms after a run
-#: (its state in /proc/self/task, MobileNet-V3, 2 threads), npu-sim's helpers 0.5 ms. Blocks
-#: of NpuSim runs that began inside it found the host busy and ran most of their splits on
-#: one core (387 of 524 in ten 10-run blocks of MobileNet-V3).
+#: Seconds each block of runs waits first (creations, which leave no thread spinning, do not),
+#: so that it does not share a core with the threads the other side left spinning:
+#: onnxruntime's intra-op worker spins about 48 ms after a run (its state in /proc/self/task,
+#: MobileNet-V3, 2 threads), npu-sim's helpers 0.5 ms. Blocks of NpuSim runs that began inside
+#: it found the host busy and ran most of their splits on one core (387 of 524 in ten 10-run
+#: blocks of MobileNet-V3).
 SETTLE = 0.1
 
 
 def paired_medians(a: Callable[[], object], b: Callable[[], object], rounds: int,
-                   block: int) -> tuple[float, float]:
+                   block: int, settle: float = 0.0) -> tuple[float, float]:
     """Median seconds of ``a`` and of ``b``, timed in alternating blocks of ``block`` calls,
-    each block after :data:`SETTLE` seconds of pause."""
+    each block after ``settle`` seconds of pause (:data:`SETTLE` for runs)."""
     ta, tb = [], []
     for _ in range(rounds):
-        time.sleep(SETTLE)
+        time.sleep(settle)
         ta += [seconds(a) for _ in range(block)]
-        time.sleep(SETTLE)
+        time.sleep(settle)
         tb += [seconds(b) for _ in range(block)]
     return statistics.median(ta), statistics.median(tb)
 
@@ -139,7 +140,7 @@ def bench_runs(name: str, path: Path, feeds: dict[str, np.ndarray], table: Table
         npu.run(None, feeds), cpu.run(None, feeds)
     block = max(1, min(10, int(0.3 / max(seconds(lambda: cpu.run(None, feeds)), 1e-6))))
     t_npu, t_cpu = paired_medians(lambda: npu.run(None, feeds), lambda: cpu.run(None, feeds),
-                                  repeat, block)
+                                  repeat, block, SETTLE)
     print(f"  run: NpuSim {t_npu * 1e3:.2f} ms, onnxruntime {t_cpu * 1e3:.2f} ms")
     table.add(f"{name} functional run / onnxruntime", t_npu / t_cpu, RUN_TARGET.get(name, 3.0))
 
@@ -148,7 +149,7 @@ def bench_runs(name: str, path: Path, feeds: dict[str, np.ndarray], table: Table
             ("NpuSimExecutionProvider", {"functional": "0"})])
         timing.run(None, feeds)
         t_time, t_cpu = paired_medians(lambda: timing.run(None, feeds),
-                                       lambda: cpu.run(None, feeds), repeat, block)
+                                       lambda: cpu.run(None, feeds), repeat, block, SETTLE)
         if name == "chain":
             table.add("chain timing-only run / onnxruntime", t_time / t_cpu, 20.0)
         else:

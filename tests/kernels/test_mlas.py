@@ -140,8 +140,6 @@ def test_silu_gate_is_onnxruntimes_bits():
     _same_bits(y, _ort(_silu_model(True, x.shape), {"x": x, "b": b}))
 
 
-
-
 def test_each_hosts_silu_and_gelu_branch():
     """The branch the installed onnxruntime cannot check here, by what MLAS's kernel does:
     AVX-512F keeps a NaN's bits and clamps the logistic at 1; the generic kernel multiplies the
