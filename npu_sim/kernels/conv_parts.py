@@ -15,6 +15,10 @@ kernel's block of rows and stay above :data:`.blas.SMALL_GEMM`, off OpenBLAS's s
 kernel (:func:`.blas.kernel_split`, :func:`.blas.edges`); with a BLAS kernel not measured
 there, 1x1 convolutions run whole.
 
+Whether the parts then run over the cores or one after another on the caller is timed in the
+launch's first runs (:class:`.cores.Choice`): on a host where handing a part over costs more
+than it gains, the launch runs whole, with the same bits.
+
 Measured on 2 vCPUs (AMD EPYC Zen 4), one-thread BLAS, medians of 200: the 16 to 96 channel
 1x1 convolution with bias and SiLU 1.62 ms whole, 0.91 ms in two parts (four parts 0.99, eight
 2.3: each part's few numpy and numba calls take and release the GIL, and with many small
@@ -122,6 +126,8 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
                 with np.errstate(all="ignore"):  # as apply_epilogue's binary steps
                     ufunc(rows, operand[i:i + 1, lo:hi], out=rows)
 
+    choice = cores.Choice()  # split or whole, timed in this launch's first runs
+
     def run() -> bool:
         if not gemm and not np.isfinite(w).all():  # padding would multiply inf by 0
             return False
@@ -130,7 +136,7 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
         # one BLAS thread per part, as blas.matmul runs its pieces: a threaded OpenBLAS call
         # takes other kernels for the same product, and would change the bits
         with blas.single_thread():
-            cores.split(len(edges) - 1, part)
+            choice.run(len(edges) - 1, part)
         return True
 
     return run

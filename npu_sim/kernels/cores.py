@@ -15,6 +15,8 @@ the gain on all but the largest launches. :func:`split` does better:
   large launch of the same run finds it awake: a handoff then costs a few microseconds;
 - on a busy host (another process running, or helpers that come late) splits run on the caller
   and the helpers stop spinning for a while (:data:`LATE`).
+- a launch run many times (a prepared kernel) goes through a :class:`Choice`, which times it
+  split and whole in its first runs and keeps the faster way.
 
 Each part is a range of output elements computed with exactly the arithmetic of the unsplit
 launch, so the values are the same bits whichever thread computes which part. A part must
@@ -352,6 +354,65 @@ def team() -> _Team | None:
             if _team is None:
                 _team = _Team()
     return _team
+
+
+#: Calls of a :class:`Choice` timed each way (split, then whole, alternating) before it decides.
+TRIALS = 5
+
+
+class Choice:
+    """Whether one launch that runs again and again (a prepared kernel) gains from splitting,
+    decided by timing it: its first ``2 * TRIALS`` calls alternate split and whole, and the
+    way with the lower median time is kept for every later call.
+
+    Whether a split gains depends on the host more than on the launch: a handoff cost 4-22 us
+    on the Zen 4 the split sizes were measured on, and a median 60 us on a Zen 3 VM, where the
+    helper waited that long for the GIL the caller handed over. There every one of
+    MobileNet-V3's five split launches (its stem and depthwise convolutions) took longer split
+    than whole in its runs (medians of 5: 75 against 250 us, 150 against 290, 360 against 470),
+    while EfficientNet's largest gained (about 620 against 700 us) and most of its others were
+    level. Both ways give the same values (a part's arithmetic does not depend on the thread
+    running it), so the choice is only a matter of time. A launch is timed in its runs, beside
+    the launches around it; the busy-host rules of :func:`split` still apply to split calls."""
+
+    __slots__ = ("_times", "_whole")
+
+    def __init__(self) -> None:
+        self._times: tuple[list[float], list[float]] = ([], [])  # split, whole
+        self._whole: bool | None = None  # None while timing
+
+    @property
+    def whole(self) -> bool | None:
+        """True once whole was faster, False once split was, None while still timing."""
+        return self._whole
+
+    def run(self, parts: int, work: Callable[[int], object]) -> None:
+        """``work(k)`` for every ``k`` in ``range(parts)``, split or whole as chosen."""
+        if self._whole is None:
+            self._trial(parts, work)
+        elif self._whole:
+            for k in range(parts):
+                work(k)
+        else:
+            split(parts, work)
+
+    def _trial(self, parts: int, work: Callable[[int], object]) -> None:
+        split_times, whole_times = self._times
+        whole = len(whole_times) < len(split_times)
+        start = time.perf_counter()
+        if whole:
+            for k in range(parts):
+                work(k)
+        else:
+            split(parts, work)
+        (whole_times if whole else split_times).append(time.perf_counter() - start)
+        if len(whole_times) >= TRIALS:
+            self._whole = _median(whole_times) <= _median(split_times)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
 
 
 def split(parts: int, work: Callable[[int], object]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -189,3 +190,54 @@ def _fresh(helpers) -> None:
     purpose, which counts as late)."""
     helpers.strikes = helpers.rest = 0
     helpers.spin = helpers.spins
+
+
+def test_a_choice_keeps_running_whole_a_launch_that_splitting_slows(monkeypatch) -> None:
+    """A split that costs 20 ms more than running the parts: after its trials, each running
+    every part once, the choice runs the launch whole, on the caller, and splits no more."""
+    splits: list[int] = []
+
+    def slow_split(parts: int, work) -> None:
+        splits.append(parts)
+        time.sleep(0.02)
+        for k in range(parts):
+            work(k)
+
+    monkeypatch.setattr(cores, "split", slow_split)
+    choice = cores.Choice()
+    seen: list[int] = []
+    for n in range(2 * cores.TRIALS):
+        assert choice.whole is None
+        seen.clear()
+        choice.run(3, seen.append)
+        assert sorted(seen) == [0, 1, 2]
+        assert len(splits) == n // 2 + 1  # split first, then whole, in turn
+    assert choice.whole is True
+    seen.clear()
+    choice.run(4, lambda k: seen.append(threading.get_ident()))
+    assert seen == [threading.get_ident()] * 4 and len(splits) == cores.TRIALS
+
+
+@pytest.mark.skipif(cores.THREADS < 2, reason="one core: no helper thread to meet")
+def test_a_choice_keeps_splitting_a_launch_that_gains_from_it(monkeypatch) -> None:
+    """Two parts of 20 ms each that release the GIL (a sleep): split, they take one part's
+    time and whole two, so the choice keeps the split, and later calls meet a helper."""
+    monkeypatch.setattr(cores, "_others_running", lambda helpers: False)
+    _fresh(cores.team())
+    choice = cores.Choice()
+    for _ in range(2 * cores.TRIALS):
+        choice.run(2, lambda k: time.sleep(0.02))
+    assert choice.whole is False
+    started = threading.Event()
+    threads: set[int] = set()
+
+    def part(k: int) -> None:
+        threads.add(threading.get_ident())
+        if k == 1:
+            started.set()
+        elif not started.wait(10):
+            raise AssertionError("part 1 never ran beside part 0")
+
+    choice.run(2, part)
+    assert len(threads) == 2
+    _fresh(cores.team())
