@@ -495,12 +495,17 @@ def prepare_conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
         in_place = all(np.shares_memory(c, x) for c in columns)
 
     wide = dtype != np.float32  # float32 operands are computed on as they are
-    from .conv_parts import plan  # lazy: it builds on this module
+    from . import conv_lean, conv_parts  # lazy: they build on this module
 
-    parts = plan(inputs, attrs, group, win, into, fused, steps, columns if in_place else None)
+    views = columns if in_place else None
+    parts = conv_parts.plan(inputs, attrs, group, win, into, fused, steps, views)
+    lean = None if parts is not None else \
+        conv_lean.plan(inputs, attrs, group, win, into, fused, steps, views)
 
     def run() -> list[np.ndarray]:
         if parts is not None and parts():
+            return [into]
+        if lean is not None and lean():
             return [into]
         bias = _bias("Conv", b, w.shape[0]) if wide else b
         w32 = to_compute("Conv", "W", w) if wide else w

@@ -84,7 +84,7 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
     # prepare_conv gives an ``into`` only for a float32 output, and X, W and B share its dtype
     if into is None or not x.flags.c_contiguous or not w.flags.c_contiguous:
         return None
-    operands = _operand_steps(inputs, attrs, steps, into.shape) if fused is None else ()
+    operands = operand_steps(inputs, attrs, steps, into.shape) if fused is None else ()
     if operands is None or (fused is not None and b is None):
         return None
     n, m = into.shape[:2]
@@ -142,7 +142,7 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
     return run
 
 
-def _operand_steps(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
+def operand_steps(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
                    steps: Sequence[Step], shape: tuple[int, ...]
                    ) -> list[tuple[np.ufunc, np.ndarray]] | None:
     """The epilogue as (ufunc, operand viewed as (N, M, pixels)) pairs when it has no fused

@@ -148,10 +148,16 @@ def tapped(x5: np.ndarray, w5: np.ndarray, st3: np.ndarray, di3: np.ndarray, pb3
     equal strides, no dilation, an output plane of at least :data:`TAPPED_PIXELS` times the
     stride squared, and finite weights (padding is multiplied as zeros there, and ``inf * 0``
     is NaN)."""
+    return tapped_geometry(x5, w5, st3, di3, pb3, out3) and bool(np.isfinite(w5).all())
+
+
+def tapped_geometry(x5: np.ndarray, w5: np.ndarray, st3: np.ndarray, di3: np.ndarray,
+                    pb3: np.ndarray, out3: tuple[int, int, int]) -> bool:
+    """:func:`tapped` but for the weights' values: whether the shapes take that path."""
     k, s = w5.shape[3], int(st3[2])
     return (x5.shape[2] == 1 and w5.shape[2] == 1 and pb3[0] == 0 and out3[0] == 1
             and k in taps.SIZES and w5.shape[4] == k and st3[1] == s and not (di3 - 1).any()
-            and out3[1] * out3[2] >= TAPPED_PIXELS * s * s and bool(np.isfinite(w5).all()))
+            and out3[1] * out3[2] >= TAPPED_PIXELS * s * s)
 
 
 #: A depthwise convolution runs planar (:func:`_planes`) when its width stride is 1, it has at
