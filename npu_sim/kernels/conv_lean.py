@@ -14,7 +14,8 @@ that read values:
   weights scaled per input channel by a squeeze-excite's gate or not: the scaling into a buffer
   of its own, one GEMM per image, then the fused bias loop, or the bias and a residual;
 - a depthwise convolution on phase-split planes (:func:`.depthwise.tapped`): the finite
-  weights check, the tap loop over views made once, then the same.
+  weights check, the tap loop over views made once, then the same; or channels-last (small
+  planes, :func:`.depthwise.channels_last_rows`), transposed into buffers made once.
 
 Each does exactly the general path's arithmetic, with the same calls in the same order, so the
 values are the same bits (``tests/kernels/test_conv_lean.py`` compares them). Anything else, or
@@ -23,6 +24,7 @@ a launch :mod:`.conv_parts` splits, keeps the general path.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -122,13 +124,17 @@ def _pointwise(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
 
 def _depthwise(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarray,
                finish: Callable[[], object]) -> Lean | None:
-    """A depthwise convolution on phase-split planes (:func:`.depthwise.tapped` but for the
-    weights' values), run as :func:`.depthwise.depthwise` runs it, then ``finish``."""
+    """A depthwise convolution run as :func:`.depthwise.depthwise` runs it, then ``finish``:
+    on phase-split planes (:func:`.depthwise.tapped` but for the weights' values), or
+    channels-last (:func:`_channels_last`)."""
     x5, w5 = as5d(x), as5d(w)
     _, st3, di3, pb3 = win.as3()
     out3 = (1,) * (3 - len(win.out)) + win.out
     if not depthwise.tapped_geometry(x5, w5, st3, di3, pb3, out3):
-        return None
+        if depthwise.planar(x5.shape[1], math.prod(out3), int(st3[2])) or \
+                w5.shape[0] != x5.shape[1]:
+            return None
+        return _channels_last(x5, w5, win, into, finish)
     y = into.reshape(x5.shape[0], w5.shape[0], *out3)
     args = depthwise.tapped_args(x5, w5, st3, pb3, out3, y)
     count, macs = y.shape[0] * y.shape[1], y.size * w5.shape[3] ** 2
@@ -146,3 +152,36 @@ def _depthwise(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarray,
 
     return run
 
+
+def _channels_last(x5: np.ndarray, w5: np.ndarray, win: Window, into: np.ndarray,
+                   finish: Callable[[], object]) -> Lean:
+    """A depthwise convolution of one output channel per input channel that runs channels-last
+    (:func:`.depthwise.channels_last_rows`): the input and weights transposed into buffers of
+    the launch's own, the output summed from zeros in a third and transposed back into
+    ``into``, as :func:`.depthwise.depthwise` does with fresh arrays each call (whose pages,
+    100-300 KB a launch, were faulted in again on every run)."""
+    _, st3, di3, pb3 = win.as3()
+    out3 = (1,) * (3 - len(win.out)) + win.out
+    n, m = x5.shape[0], w5.shape[0]
+    xt = np.empty((n, *x5.shape[2:], m), x5.dtype)
+    wt = np.empty((*w5.shape[2:], m), w5.dtype)
+    yt = np.empty((n, *out3, m), x5.dtype)
+    x_view, w_view = x5.transpose(0, 2, 3, 4, 1), w5[:, 0].transpose(1, 2, 3, 0)
+    y, y_view = into.reshape(n, m, *out3), yt.transpose(0, 4, 1, 2, 3)
+    args = xt, wt, st3, di3, pb3, yt
+    rows, macs = n * out3[0] * out3[1], yt.size * math.prod(w5.shape[2:])
+    whole = macs < depthwise.SPLIT_MACS
+
+    def run() -> bool:
+        np.copyto(xt, x_view)
+        np.copyto(wt, w_view)
+        yt.fill(0)
+        if whole:
+            depthwise.channels_last_rows(*args, 0, rows)
+        else:
+            blas.spread(rows, lambda lo, hi: depthwise.channels_last_rows(*args, lo, hi))
+        np.copyto(y, y_view)
+        finish()
+        return True
+
+    return run

@@ -2,7 +2,7 @@
 
 A depthwise convolution has no reduction over channels, so it cannot use a GEMM, and its
 spatial rows are short in mobile nets (7 to 112 pixels): a loop vectorised along a row runs
-mostly in vector tails. :func:`_rows` transposes the image once to channels-last
+mostly in vector tails. :func:`channels_last_rows` transposes the image once to channels-last
 ``(N, D, H, W, C)`` and vectorises along the channels instead (16 to 1152 of them, contiguous):
 each output pixel adds its in-bounds taps, in (i, j, l) order as a loop per element would, each
 tap one multiply-add over the whole channel vector; the result is transposed back. Best of 10
@@ -49,7 +49,7 @@ SPLIT_MACS = 1 << 21
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _rows(x, w, st, di, pb, out, lo, hi):  # pragma: no cover - compiled
+def channels_last_rows(x, w, st, di, pb, out, lo, hi):  # pragma: no cover - compiled
     """Output rows ``lo..hi`` (of N*OD*OH) of out (N, OD, OH, OW, M), which is zero-filled.
 
     x (N, D, H, W, M) and w (KD, KH, KW, M) are channels-last; every tap outside the input is
@@ -90,7 +90,7 @@ def _planes(x, w, st, di, pb, out, lo, hi):  # pragma: no cover - compiled
     x (N, C, D, H, W) and w (M, KD, KH, KW) stay planar (no transposes); output channel ``m``
     reads input channel ``m // (M // C)``. Each tap is one multiply-add along an output row,
     over the columns whose input pixel is in bounds, so every element still adds its in-bounds
-    taps in (i, j, l) order: the same bits as :func:`_rows`.
+    taps in (i, j, l) order: the same bits as :func:`channels_last_rows`.
     """
     N, M, OD, OH, OW = out.shape
     C, D, H, W = x.shape[1], x.shape[2], x.shape[3], x.shape[4]
@@ -206,7 +206,7 @@ def depthwise(x5: np.ndarray, w5: np.ndarray, st3: np.ndarray, di3: np.ndarray,
     wt = np.ascontiguousarray(w5[:, 0].transpose(1, 2, 3, 0))
     yt = np.zeros((n, *out3, m), x5.dtype)
     args = xt, wt, st3, di3, pb3, yt
-    _launch(_rows, args, n * out3[0] * out3[1], yt.size * math.prod(w5.shape[2:]))
+    _launch(channels_last_rows, args, n * out3[0] * out3[1], yt.size * math.prod(w5.shape[2:]))
     back = yt.transpose(0, 4, 1, 2, 3)
     if into is None:
         return np.ascontiguousarray(back)

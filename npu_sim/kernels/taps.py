@@ -18,7 +18,7 @@ at ``+0.0`` unchanged: the bits of a loop that skips the padded taps). No fastma
 and an add per tap, each rounded to float32, as the other kernels do.
 
 Measured and left out (best of 60, one image): the same unrolled sums channels-last (a weight
-vector per tap, as :func:`.depthwise._rows` but stored once) were no faster than ``_rows`` on
+vector per tap, as :func:`.depthwise.channels_last_rows` but stored once) were no faster than it on
 small planes, blocked by 256 channels or not (1152 channels of 7x7 5x5 0.20-0.26 against 0.16
 ms); two planes per pass (two sums in flight) were slower on every layer (576 of 7x7 5x5 0.14
 against 0.11); and splitting short stride-2 rows by a table of offsets was no faster than

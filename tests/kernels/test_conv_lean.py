@@ -1,6 +1,7 @@
 """A prepared Conv's lean closures (conv_lean): the bits of the general path, for 1x1
 convolutions (scaled by a squeeze-excite gate or not, with a fused epilogue or a residual) and
-depthwise ones on phase-split planes, and the general path whenever they do not apply."""
+depthwise ones (on phase-split planes or channels-last), and the general path whenever they do
+not apply."""
 
 from __future__ import annotations
 
@@ -103,9 +104,29 @@ def test_a_lean_depthwise_conv_gives_the_bits_of_the_general_path(n, c, mult, k,
     assert_lean_equals_general([x, w, b], attrs, (n, c * mult, out, out), planned=c > 1)
 
 
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 2), c=st.integers(2, 40), k=st.sampled_from([1, 3, 5]),
+       s=st.integers(1, 2), size=st.integers(3, 13), epilogue=st.sampled_from(EPILOGUES),
+       special=st.sampled_from([None, np.inf, np.nan]), seed=seeds)
+def test_a_lean_channels_last_depthwise_conv_gives_the_bits_of_the_general_path(
+        n, c, k, s, size, epilogue, special, seed):
+    """Planes below 14x14 outputs (28x28 at stride 2) run channels-last, whatever the weights
+    (that loop skips padded taps, so non-finite weights stay on it)."""
+    x = with_specials(random_array(seed, (n, c, size, size), np.float32, -4, 4), seed, SPECIALS)
+    w = random_array(seed + 1, (c, 1, k, k), np.float32, -1, 1)
+    if special is not None:
+        w[seed % c, 0, 0, 0] = special
+    b = random_array(seed + 2, (c,), np.float32)
+    attrs = {"group": c, "kernel_shape": (k, k), "strides": (s, s), "pads": (k // 2,) * 4,
+             **epilogue}
+    out = (size + 2 * (k // 2) - k) // s + 1
+    assert_lean_equals_general([x, w, b], attrs, (n, c, out, out), planned=True)
+
+
 def test_what_the_lean_closures_leave_to_the_general_path() -> None:
     """A strided 1x1 (its pixels gathered into a copy), a broadcast residual, a depthwise
-    convolution on small planes or with a scaled input, float16, and no output buffer."""
+    convolution with a channel multiplier on small planes, planar or with a scaled input,
+    float16, and no output buffer."""
     x, w1 = np.zeros((1, 8, 28, 28), np.float32), np.zeros((4, 8, 1, 1), np.float32)
     wd, b = np.zeros((8, 1, 3, 3), np.float32), np.zeros(8, np.float32)
     one, dw = {"group": 1, "kernel_shape": (1, 1)}, {"group": 8, "pads": (1, 1, 1, 1)}
@@ -124,7 +145,12 @@ def test_what_the_lean_closures_leave_to_the_general_path() -> None:
     assert not lean([x, w1, b[:4], np.zeros((1, 4, 1, 1), np.float32)],
                     {**one, **encode([Step("Add", operand=3)])}, (1, 4, 28, 28))
     small = np.zeros((1, 8, 13, 13), np.float32)
-    assert not lean([small, wd, b], dw, (1, 8, 13, 13))
+    assert lean([small, wd, b], dw, (1, 8, 13, 13))  # channels-last
+    assert not lean([small, np.zeros((16, 1, 3, 3), np.float32), np.zeros(16, np.float32)], dw,
+                    (1, 16, 13, 13))  # a channel multiplier
+    large = np.zeros((1, 8, 56, 56), np.float32)
+    assert not lean([large, np.zeros((8, 1, 7, 7), np.float32), b], {**dw, "pads": (3,) * 4},
+                    (1, 8, 56, 56))  # planar
     assert not lean([x, wd, b, np.ones((1, 8, 1, 1), np.float32)], {**dw, "input_scale": 3},
                     (1, 8, 28, 28))
     assert not lean([x.astype(np.float16), w1.astype(np.float16), b[:4].astype(np.float16)],
