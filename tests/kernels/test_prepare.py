@@ -104,3 +104,60 @@ def test_a_prepared_conv_decodes_its_epilogue_once(monkeypatch) -> None:
     want = conv.values([x, w, b, r], attrs)[0]
     monkeypatch.setattr(epilogue, "decode", lambda *a: pytest.fail("decoded on a run"))
     np.testing.assert_array_equal(run()[0], want)
+
+
+def _same_on_every_call(op: str, operands: list[np.ndarray | None], attrs: dict, seed: int,
+                        into: bool) -> None:
+    """``op`` prepared once gives the values function's bits on calls with new contents in the
+    same arrays, into ``out=`` when it is given."""
+    kernel = lookup(op)
+    want_shape = kernel.values(operands, dict(attrs))[0].shape
+    out = [np.empty(want_shape, operands[0].dtype)] if into else None
+    run = kernel.prepare(operands, dict(attrs), out)
+    for call in range(3):
+        for k, array in enumerate(operands):
+            if array is not None:
+                array[...] = random_array(seed + 10 * call + k, array.shape, array.dtype)
+        (want,) = kernel.values(operands, dict(attrs))
+        (got,) = run()
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+        if into and want.dtype == np.float32:
+            assert got is out[0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 6), k=st.integers(1, 40), n=st.integers(1, 40),
+       trans=st.tuples(st.booleans(), st.booleans()), c=st.sampled_from([None, "row", "full"]),
+       alpha=st.sampled_from([1.0, 0.5]), beta=st.sampled_from([1.0, 2.0]),
+       fused=st.sampled_from([{}, {"activation": "Relu"},
+                              encode([Step("HardSigmoid", gate=True, params=(1 / 6, 0.5))])]),
+       dtype=st.sampled_from([np.float32, np.float16]), seed=seeds, into=st.booleans())
+def test_a_prepared_gemm_gives_the_values_bits_on_every_call(m, k, n, trans, c, alpha, beta,
+                                                             fused, dtype, seed, into):
+    a = random_array(seed, (k, m) if trans[0] else (m, k), dtype)
+    b = random_array(seed + 1, (n, k) if trans[1] else (k, n), dtype, -1, 1)
+    cc = None if c is None else random_array(seed + 2, (n,) if c == "row" else (m, n), dtype)
+    attrs = {"transA": int(trans[0]), "transB": int(trans[1]), "alpha": alpha, "beta": beta,
+             **fused}
+    _same_on_every_call("Gemm", [a, b, cc], attrs, seed, into)
+
+
+@settings(max_examples=30, deadline=None)
+@given(shape=st.lists(st.integers(1, 9), min_size=3, max_size=5),
+       dtype=st.sampled_from([np.float32, np.float16]), seed=seeds, into=st.booleans())
+def test_a_prepared_global_average_pool_gives_the_values_bits_on_every_call(shape, dtype, seed,
+                                                                           into):
+    _same_on_every_call("GlobalAveragePool", [random_array(seed, tuple(shape), dtype)], {},
+                        seed, into)
+
+
+def test_preparing_a_gemm_refuses_what_the_values_function_refuses() -> None:
+    gemm = lookup("Gemm")
+    for operands in ([np.zeros((2, 3), np.float32), np.zeros((4, 5), np.float32)],
+                     [np.zeros((2, 3), np.float32), np.zeros((3, 5), np.float32),
+                      np.zeros((3,), np.float32)]):
+        with pytest.raises(KernelError) as by_values:
+            gemm.values(operands, {})
+        with pytest.raises(KernelError) as by_prepare:
+            gemm.prepare(operands, {})()
+        assert str(by_prepare.value) == str(by_values.value)
