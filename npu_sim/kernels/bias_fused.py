@@ -22,7 +22,7 @@ import numpy as np
 from numba import njit
 
 from ..epilogue import decode
-from .activations import full_params
+from .activations import clamp01, full_params
 from .mlas import bias_sigmoid
 
 FusedLoop = Callable[[np.ndarray, np.ndarray], bool]
@@ -51,8 +51,7 @@ def _bias_hard_sigmoid(y, b, alpha, beta, gate):  # pragma: no cover - numba
             bias = b[m]
             for p in range(row.size):
                 v = row[p] + bias
-                s = a * v + c
-                h = np.float32(s if s != s else min(1.0, max(0.0, s)))
+                h = clamp01(a * v + c)
                 row[p] = v * h if gate else h
 
 

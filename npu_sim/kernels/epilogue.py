@@ -21,7 +21,7 @@ from numba import njit
 
 from ..epilogue import Step, decode
 from ..errors import KernelError
-from .activations import apply_activation, full_params
+from .activations import apply_activation, clamp01, full_params
 from .gemm import broadcasts_to
 from .mlas import silu
 
@@ -33,10 +33,8 @@ UFUNCS = {"Add": np.add, "Mul": np.multiply}
 def _hard_sigmoid_gate(y, alpha, beta):  # pragma: no cover - numba
     a, b = np.float32(alpha), np.float32(beta)  # float32 arithmetic, as the HardSigmoid kernel
     for i in range(y.size):
-        v = a * y[i] + b
-        # NaN propagates as in the HardSigmoid kernel; the gate rounds to float32 as it does.
-        g = np.float32(v if v != v else min(1.0, max(0.0, v)))
-        y[i] = y[i] * g
+        # NaN propagates as in the HardSigmoid kernel, in float32 as there (clamp01)
+        y[i] = y[i] * clamp01(a * y[i] + b)
 
 
 def apply_epilogue(op: str, y: np.ndarray, attrs: Mapping[str, Any],

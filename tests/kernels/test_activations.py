@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numba import njit
 from ortref import run_ort
 
 from kernels import (
@@ -22,7 +23,12 @@ from kernels import (
     shapes,
 )
 from npu_sim.errors import KernelError
-from npu_sim.kernels.activations import ACTIVATIONS, activation_params, apply_activation
+from npu_sim.kernels.activations import (
+    ACTIVATIONS,
+    activation_params,
+    apply_activation,
+    clamp01,
+)
 
 # op -> (opset, strategy of attributes)
 UNARY = {
@@ -183,3 +189,23 @@ def test_integer_clip_saturates_bounds_to_dtype():
     y = apply_activation(x, "Clip", (-math.inf, 1e9))
     np.testing.assert_array_equal(y, x)
     assert y.dtype == np.int8
+
+
+def test_clamp01_keeps_the_min_max_formulation_bits_on_a_sweep_of_every_float32() -> None:
+    """:func:`clamp01` (three selects the vectoriser takes) against the formulation the
+    HardSigmoid loops used before, ``v if v != v else min(1.0, max(0.0, v))``: every 997th bit
+    pattern of float32 (NaNs with payloads, subnormals, both zeros) and the edges of [0, 1]."""
+    @njit
+    def both(x, ours, builtins):
+        for i in range(x.size):
+            v = x[i]
+            ours[i] = clamp01(v)
+            builtins[i] = v if v != v else min(1.0, max(0.0, v))
+
+    sweep = np.arange(0, 2**32, 997, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    edges = np.array([0.0, -0.0, 1.0, -1.0, np.nextafter(1, 2), np.nextafter(1, 0), np.inf,
+                      -np.inf, np.nan, -np.nan, 1e-45, -1e-45], np.float32)
+    x = np.concatenate([sweep, edges])
+    ours, builtins = np.empty_like(x), np.empty_like(x)
+    both(x, ours, builtins)
+    np.testing.assert_array_equal(ours.view(np.uint32), builtins.view(np.uint32))
