@@ -120,7 +120,11 @@ def clamp01(v):  # pragma: no cover - numba
     ``v if v != v else min(1.0, max(0.0, v))``, which the loops used before, as three selects
     in ``v``'s float32 that LLVM vectorises (the builtins compared in float64, element by
     element: a hard-swish gate over 240x14x14 took 18.9 against 6.1 us). The same bits on 4.3
-    million float32 inputs, a 997-strided sweep of every bit pattern and the specials."""
+    million float32 inputs, a 997-strided sweep of every bit pattern and the specials.
+
+    The loops that inline it live in this file (:func:`hard_sigmoid_gate`,
+    :func:`bias_hard_sigmoid`): numba's cache knows a function's own file only, and would keep
+    a loop that inlined it from another file after it changed."""
     h = v if v > 0 else np.float32(0)
     h = np.float32(1) if h >= 1 else h
     return v if v != v else h
@@ -133,6 +137,31 @@ def _hard_sigmoid(x, out, alpha, beta):  # pragma: no cover - numba
     a, b = np.float32(alpha), np.float32(beta)
     for i in range(x.size):
         out[i] = clamp01(a * x[i] + b)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def hard_sigmoid_gate(y, alpha, beta):  # pragma: no cover - numba
+    """``y *= HardSigmoid(y)`` in place for a flat float32 array: a fused hard-swish gate."""
+    a, b = np.float32(alpha), np.float32(beta)  # float32 arithmetic, as the HardSigmoid kernel
+    for i in range(y.size):
+        # NaN propagates as in the HardSigmoid kernel, in float32 as there (clamp01)
+        y[i] = y[i] * clamp01(a * y[i] + b)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def bias_hard_sigmoid(y, b, alpha, beta, gate):  # pragma: no cover - numba
+    # y += b (float32, as numpy's add), then its HardSigmoid, or with ``gate`` times it
+    # (rounded to float32 first, as the gate's two kernels do); float32 arithmetic, as the
+    # HardSigmoid kernel, and NaN propagates as there.
+    a, c = np.float32(alpha), np.float32(beta)
+    for n in range(y.shape[0]):
+        for m in range(y.shape[1]):
+            row = y[n, m]
+            bias = b[m]
+            for p in range(row.size):
+                v = row[p] + bias
+                h = clamp01(a * v + c)
+                row[p] = v * h if gate else h
 
 
 _SIXTH, _HALF32 = np.float32(1 / 6), np.float32(0.5)

@@ -22,7 +22,7 @@ import numpy as np
 from numba import njit
 
 from ..epilogue import decode
-from .activations import clamp01, full_params
+from .activations import bias_hard_sigmoid, full_params
 from .mlas import bias_sigmoid
 
 FusedLoop = Callable[[np.ndarray, np.ndarray], bool]
@@ -37,22 +37,6 @@ def _bias_relu(y, b):  # pragma: no cover - numba
             for p in range(row.size):
                 v = row[p] + bias
                 row[p] = 0 if v < 0 else v  # NaN passes through, as the Relu kernel's loop
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _bias_hard_sigmoid(y, b, alpha, beta, gate):  # pragma: no cover - numba
-    # y += b (float32, as numpy's add), then its HardSigmoid, or with ``gate`` times it
-    # (rounded to float32 first, as the gate's two kernels do); float32 arithmetic, as the
-    # HardSigmoid kernel, and NaN propagates as there.
-    a, c = np.float32(alpha), np.float32(beta)
-    for n in range(y.shape[0]):
-        for m in range(y.shape[1]):
-            row = y[n, m]
-            bias = b[m]
-            for p in range(row.size):
-                v = row[p] + bias
-                h = clamp01(a * v + c)
-                row[p] = v * h if gate else h
 
 
 def fused_bias_loop(op: str, attrs: Mapping[str, Any]) -> FusedLoop | None:
@@ -71,7 +55,7 @@ def fused_bias_loop(op: str, attrs: Mapping[str, Any]) -> FusedLoop | None:
             return _checked(lambda rows, bias: bias_sigmoid(rows, bias, False))
         if activation == "HardSigmoid":  # a squeeze-excite's gate
             alpha, beta = full_params("HardSigmoid", params)
-            return _checked(lambda rows, bias: _bias_hard_sigmoid(rows, bias, alpha, beta, False))
+            return _checked(lambda rows, bias: bias_hard_sigmoid(rows, bias, alpha, beta, False))
         return None
     if activation:
         return None
@@ -80,7 +64,7 @@ def fused_bias_loop(op: str, attrs: Mapping[str, Any]) -> FusedLoop | None:
         return None
     if steps[0].op == "HardSigmoid":
         alpha, beta = full_params("HardSigmoid", steps[0].params)
-        return _checked(lambda rows, bias: _bias_hard_sigmoid(rows, bias, alpha, beta, True))
+        return _checked(lambda rows, bias: bias_hard_sigmoid(rows, bias, alpha, beta, True))
     if steps[0].op == "Sigmoid":
         return _checked(lambda rows, bias: bias_sigmoid(rows, bias, True))
     return None

@@ -17,24 +17,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from numba import njit
 
 from ..epilogue import Step, decode
 from ..errors import KernelError
-from .activations import apply_activation, clamp01, full_params
+from .activations import apply_activation, full_params, hard_sigmoid_gate
 from .gemm import broadcasts_to
 from .mlas import silu
 
 UFUNCS = {"Add": np.add, "Mul": np.multiply}
 """The binary epilogue steps' ufuncs."""
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _hard_sigmoid_gate(y, alpha, beta):  # pragma: no cover - numba
-    a, b = np.float32(alpha), np.float32(beta)  # float32 arithmetic, as the HardSigmoid kernel
-    for i in range(y.size):
-        # NaN propagates as in the HardSigmoid kernel, in float32 as there (clamp01)
-        y[i] = y[i] * clamp01(a * y[i] + b)
 
 
 def apply_epilogue(op: str, y: np.ndarray, attrs: Mapping[str, Any],
@@ -58,7 +49,7 @@ def apply_epilogue(op: str, y: np.ndarray, attrs: Mapping[str, Any],
                 UFUNCS[step.op](y, other.astype(y.dtype, copy=False), out=y)
         elif step.gate and step.op == "HardSigmoid" and fast:
             alpha, beta = full_params("HardSigmoid", step.params)
-            _hard_sigmoid_gate(y.reshape(-1), alpha, beta)
+            hard_sigmoid_gate(y.reshape(-1), alpha, beta)
         elif step.gate and step.op == "Sigmoid" and y.dtype == np.float32:
             if not fast:  # a strided or read-only buffer: onto a copy of it
                 y = y.copy()
