@@ -32,8 +32,9 @@ def test_a_helper_runs_parts_beside_the_caller(monkeypatch) -> None:
     assert _threads_meeting() == 2
 
 
-def _threads_meeting() -> int:
-    """How many threads ran the two parts of a split whose part 0 waits for part 1 to start."""
+def _threads_meeting(split=cores.split) -> int:
+    """How many threads ran the two parts of a split whose part 0 waits for part 1 to start
+    (``split``: :func:`cores.split`, or a :class:`cores.Choice`'s ``run``)."""
     started = threading.Event()
     threads: set[int] = set()
 
@@ -44,7 +45,7 @@ def _threads_meeting() -> int:
         elif not started.wait(10):
             raise AssertionError("part 1 never ran beside part 0")
 
-    cores.split(2, part)
+    split(2, part)
     return len(threads)
 
 
@@ -228,16 +229,5 @@ def test_a_choice_keeps_splitting_a_launch_that_gains_from_it(monkeypatch) -> No
     for _ in range(2 * cores.TRIALS):
         choice.run(2, lambda k: time.sleep(0.02))
     assert choice.whole is False
-    started = threading.Event()
-    threads: set[int] = set()
-
-    def part(k: int) -> None:
-        threads.add(threading.get_ident())
-        if k == 1:
-            started.set()
-        elif not started.wait(10):
-            raise AssertionError("part 1 never ran beside part 0")
-
-    choice.run(2, part)
-    assert len(threads) == 2
+    assert _threads_meeting(choice.run) == 2
     _fresh(cores.team())
