@@ -143,8 +143,8 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
 
 
 def operand_steps(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
-                   steps: Sequence[Step], shape: tuple[int, ...]
-                   ) -> list[tuple[np.ufunc, np.ndarray]] | None:
+                  steps: Sequence[Step], shape: tuple[int, ...]
+                  ) -> list[tuple[np.ufunc, np.ndarray]] | None:
     """The epilogue as (ufunc, operand viewed as (N, M, pixels)) pairs when it has no fused
     activation and only ``Add`` and ``Mul`` steps with float32 operands of the output's shape
     (a residual); else None."""

@@ -330,7 +330,7 @@ def prepare_global_average_pool(inputs: Sequence[np.ndarray | None], attrs: Mapp
     into = computes_into(out, (n, c) + (1,) * (x.ndim - 2), np.dtype(x.dtype))
     if into is None or x.dtype != np.float32 or not x.flags.c_contiguous:
         return lambda: global_average_pool(inputs, attrs, out)
-    planes, means = x.reshape(n * c, -1), into.reshape(n * c)
+    planes, means = x.reshape(n * c, math.prod(x.shape[2:])), into.reshape(n * c)
 
     def run() -> list[np.ndarray]:
         _plane_means(planes, _NEIGHBOUR_PAIRS, means)
