@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -388,31 +389,22 @@ class Choice:
 
     def run(self, parts: int, work: Callable[[int], object]) -> None:
         """``work(k)`` for every ``k`` in ``range(parts)``, split or whole as chosen."""
-        if self._whole is None:
-            self._trial(parts, work)
-        elif self._whole:
-            for k in range(parts):
-                work(k)
-        else:
-            split(parts, work)
-
-    def _trial(self, parts: int, work: Callable[[int], object]) -> None:
+        if self._whole is not None:
+            (serial if self._whole else split)(parts, work)
+            return
         split_times, whole_times = self._times
-        whole = len(whole_times) < len(split_times)
+        whole = len(whole_times) < len(split_times)  # split first, then whole, in turn
         start = time.perf_counter()
-        if whole:
-            for k in range(parts):
-                work(k)
-        else:
-            split(parts, work)
+        (serial if whole else split)(parts, work)
         (whole_times if whole else split_times).append(time.perf_counter() - start)
         if len(whole_times) >= TRIALS:
-            self._whole = _median(whole_times) <= _median(split_times)
+            self._whole = statistics.median(whole_times) <= statistics.median(split_times)
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
+def serial(parts: int, work: Callable[[int], object]) -> None:
+    """``work(k)`` for every ``k`` in ``range(parts)``, in order, on the calling thread."""
+    for k in range(parts):
+        work(k)
 
 
 def split(parts: int, work: Callable[[int], object]) -> None:
@@ -421,8 +413,7 @@ def split(parts: int, work: Callable[[int], object]) -> None:
     raised (the rest are skipped once one has failed)."""
     helpers = team()
     if parts <= 1 or helpers is None or not helpers.busy.acquire(blocking=False):
-        for k in range(parts):
-            work(k)
+        serial(parts, work)
         return
     try:
         if helpers.rest > 0:  # resting after late helpers: on the caller
@@ -439,7 +430,6 @@ def split(parts: int, work: Callable[[int], object]) -> None:
     finally:
         helpers.busy.release()
     if job is None:
-        for k in range(parts):
-            work(k)
+        serial(parts, work)
     elif (error := job.error()) is not None:
         raise error
