@@ -16,6 +16,7 @@ that read values:
 - a depthwise convolution on phase-split planes (:func:`.depthwise.tapped`): the finite
   weights check, the tap loop over views made once, then the same; or channels-last (small
   planes, :func:`.depthwise.channels_last_rows`), transposed into buffers made once.
+  Both split as :func:`.depthwise.depthwise` splits them (:func:`.depthwise.launch`).
 
 Each does exactly the general path's arithmetic, with the same calls in the same order, so the
 values are the same bits (``tests/kernels/test_conv_lean.py`` compares them). Anything else, or
@@ -99,7 +100,6 @@ def _pointwise(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
     m = w.shape[0]
     w2 = w.reshape(m, -1)
     rows = into.reshape(into.shape[0], m, -1)
-    small = rows[0].size * w2.shape[1] < blas.SMALL_MACS  # blas.matmul runs it whole
     scale = buffer = None
     if "input_scale" in attrs:
         s = channel_scale(w, 1, inputs, attrs)
@@ -112,10 +112,9 @@ def _pointwise(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
         weights = w2
         if scale is not None:
             weights = np.multiply(w2, scale, out=buffer)
-        multiply = np.matmul if small and blas.held() else blas.matmul
         with np.errstate(all="ignore"):  # inf/NaN inputs give inf/NaN, not warnings
             for cols, out in images:
-                multiply(weights, cols, out=out)
+                blas.matmul(weights, cols, out=out)
         finish()
         return True
 
@@ -134,52 +133,43 @@ def _depthwise(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarray,
         if depthwise.planar(x5.shape[1], math.prod(out3), int(st3[2])) or \
                 w5.shape[0] != x5.shape[1]:
             return None
-        return _channels_last(x5, w5, win, into, finish)
+        return _channels_last(x5, w5, (st3, di3, pb3), out3, into, finish)
     y = into.reshape(x5.shape[0], w5.shape[0], *out3)
     args = depthwise.tapped_args(x5, w5, st3, pb3, out3, y)
     count, macs = y.shape[0] * y.shape[1], y.size * w5.shape[3] ** 2
-    whole = macs < depthwise.SPLIT_MACS
 
     def run() -> bool:
         if not np.isfinite(w).all():  # padding would multiply inf by 0: the general path
             return False
-        if whole:
-            taps.depthwise(*args, 0, count)
-        else:
-            blas.spread(count, lambda lo, hi: taps.depthwise(*args, lo, hi))
+        depthwise.launch(taps.depthwise, args, count, macs)
         finish()
         return True
 
     return run
 
 
-def _channels_last(x5: np.ndarray, w5: np.ndarray, win: Window, into: np.ndarray,
+def _channels_last(x5: np.ndarray, w5: np.ndarray, window: tuple[np.ndarray, ...],
+                   out3: tuple[int, int, int], into: np.ndarray,
                    finish: Callable[[], object]) -> Lean:
     """A depthwise convolution of one output channel per input channel that runs channels-last
-    (:func:`.depthwise.channels_last_rows`): the input and weights transposed into buffers of
-    the launch's own, the output summed from zeros in a third and transposed back into
-    ``into``, as :func:`.depthwise.depthwise` does with fresh arrays each call (whose pages,
-    100-300 KB a launch, were faulted in again on every run)."""
-    _, st3, di3, pb3 = win.as3()
-    out3 = (1,) * (3 - len(win.out)) + win.out
+    (:func:`.depthwise.channels_last_rows`; ``window`` its 3-D strides, dilations and leading
+    pads): the input and weights transposed into buffers of the launch's own, the output
+    summed from zeros in a third and transposed back into ``into``, as
+    :func:`.depthwise.depthwise` does with arrays it allocates afresh on every call."""
     n, m = x5.shape[0], w5.shape[0]
     xt = np.empty((n, *x5.shape[2:], m), x5.dtype)
     wt = np.empty((*w5.shape[2:], m), w5.dtype)
     yt = np.empty((n, *out3, m), x5.dtype)
     x_view, w_view = x5.transpose(0, 2, 3, 4, 1), w5[:, 0].transpose(1, 2, 3, 0)
     y, y_view = into.reshape(n, m, *out3), yt.transpose(0, 4, 1, 2, 3)
-    args = xt, wt, st3, di3, pb3, yt
+    args = (xt, wt, *window, yt)
     rows, macs = n * out3[0] * out3[1], yt.size * math.prod(w5.shape[2:])
-    whole = macs < depthwise.SPLIT_MACS
 
     def run() -> bool:
         np.copyto(xt, x_view)
         np.copyto(wt, w_view)
         yt.fill(0)
-        if whole:
-            depthwise.channels_last_rows(*args, 0, rows)
-        else:
-            blas.spread(rows, lambda lo, hi: depthwise.channels_last_rows(*args, lo, hi))
+        depthwise.launch(depthwise.channels_last_rows, args, rows, macs)
         np.copyto(y, y_view)
         finish()
         return True

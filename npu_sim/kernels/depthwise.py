@@ -191,14 +191,14 @@ def depthwise(x5: np.ndarray, w5: np.ndarray, st3: np.ndarray, di3: np.ndarray,
     m = w5.shape[0]
     if tapped(x5, w5, st3, di3, pb3, out3):
         y = np.empty((n, m, *out3), x5.dtype) if into is None else into.reshape(n, m, *out3)
-        _launch(taps.depthwise, tapped_args(x5, w5, st3, pb3, out3, y), n * m,
+        launch(taps.depthwise, tapped_args(x5, w5, st3, pb3, out3, y), n * m,
                 y.size * w5.shape[3] ** 2)
         return y
     if planar(c, math.prod(out3), int(st3[2])):
         y = np.empty((n, m, *out3), x5.dtype) if into is None else into.reshape(n, m, *out3)
         y.fill(0)
         args = x5, np.ascontiguousarray(w5[:, 0]), st3, di3, pb3, y
-        _launch(_planes, args, n * m * out3[0] * out3[1], y.size * math.prod(w5.shape[2:]))
+        launch(_planes, args, n * m * out3[0] * out3[1], y.size * math.prod(w5.shape[2:]))
         return y
     xt = np.ascontiguousarray(x5.transpose(0, 2, 3, 4, 1))
     if m != c:
@@ -206,7 +206,7 @@ def depthwise(x5: np.ndarray, w5: np.ndarray, st3: np.ndarray, di3: np.ndarray,
     wt = np.ascontiguousarray(w5[:, 0].transpose(1, 2, 3, 0))
     yt = np.zeros((n, *out3, m), x5.dtype)
     args = xt, wt, st3, di3, pb3, yt
-    _launch(channels_last_rows, args, n * out3[0] * out3[1], yt.size * math.prod(w5.shape[2:]))
+    launch(channels_last_rows, args, n * out3[0] * out3[1], yt.size * math.prod(w5.shape[2:]))
     back = yt.transpose(0, 4, 1, 2, 3)
     if into is None:
         return np.ascontiguousarray(back)
@@ -225,7 +225,7 @@ def tapped_args(x5: np.ndarray, w5: np.ndarray, st3: np.ndarray, pb3: np.ndarray
             taps.offsets(k, s, rows, pitch), y.reshape(y.shape[0], m, *out3)[:, :, 0])
 
 
-def _launch(loop, args: tuple, count: int, macs: int) -> None:
+def launch(loop, args: tuple, count: int, macs: int) -> None:
     """``loop(*args, lo, hi)`` over rows ``0..count``: whole below :data:`SPLIT_MACS`, else
     split over the kernels' threads (:func:`npu_sim.kernels.blas.spread`)."""
     if macs < SPLIT_MACS:
