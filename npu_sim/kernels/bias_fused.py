@@ -10,7 +10,8 @@ bias add, then the Relu select, or the gate computed as in
 multiply), so the values are the same bits. A SiLU gate (EfficientNet) takes the bias in its
 one loop too (:func:`npu_sim.kernels.mlas.bias_sigmoid`), and so does a squeeze-excite's second
 1x1 convolution with its Sigmoid or HardSigmoid activation, whose 144-576 outputs took 15-40 us
-of Python around a 5 us GEMM.
+of Python around a 5 us GEMM. A ResNet block's last 1x1 convolution adds its bias, the
+residual and a Relu in one loop too (:func:`bias_residual`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,35 @@ def _bias_relu(y, b):  # pragma: no cover - numba
             for p in range(row.size):
                 v = row[p] + bias
                 row[p] = 0 if v < 0 else v  # NaN passes through, as the Relu kernel's loop
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _bias_residual(y, b, r, relu):  # pragma: no cover - numba
+    for n in range(y.shape[0]):
+        for m in range(y.shape[1]):
+            row, other = y[n, m], r[n, m]
+            bias = b[m]
+            if relu:
+                for p in range(row.size):
+                    v = (row[p] + bias) + other[p]
+                    row[p] = 0 if v < 0 else v
+            else:
+                for p in range(row.size):
+                    row[p] = (row[p] + bias) + other[p]
+
+
+def bias_residual(y: np.ndarray, bias: np.ndarray, residual: np.ndarray, relu: bool) -> bool:
+    """A ResNet block's last convolution in one pass: ``y`` (N, M, pixels) plus ``bias`` (M,),
+    plus ``residual`` (``y``'s shape), then a Relu if ``relu``, in place, each a float32
+    operation in that order, as :func:`.conv.add_bias`, the epilogue's ``Add`` and the Relu
+    kernel's loop do them one pass each (so the same bits). True when it applied (all float32,
+    ``y`` and ``residual`` contiguous); False, ``y`` untouched, otherwise."""
+    if y.dtype != np.float32 or bias.dtype != np.float32 or residual.dtype != np.float32 or \
+            not y.flags.c_contiguous or not residual.flags.c_contiguous or \
+            residual.shape != y.shape or y.ndim != 3:
+        return False
+    _bias_residual(y, bias, residual, relu)
+    return True
 
 
 def fused_bias_loop(op: str, attrs: Mapping[str, Any]) -> FusedLoop | None:

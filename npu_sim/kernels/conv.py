@@ -310,13 +310,18 @@ def pointwise(group: int, win: Window) -> bool:
         not any(win.pads_begin + win.pads_end)
 
 
+def pointwise_pixels(x5: np.ndarray, win: Window) -> np.ndarray:
+    """The (N, C, OD, OH, OW) view of ``x5`` (N, C, D, H, W) holding the pixels a
+    :func:`pointwise` convolution reads: every stride-th one."""
+    _, st3, _, _ = win.as3()
+    out3 = (1,) * (MAX_SPATIAL - len(win.out)) + win.out
+    return x5[:, :, :: st3[0], :: st3[1], :: st3[2]][:, :, : out3[0], : out3[1], : out3[2]]
+
+
 def pointwise_columns(x5: np.ndarray, win: Window) -> list[np.ndarray]:
     """Each image of ``x5`` (N, C, D, H, W) as the (C, pixels) matrix a :func:`pointwise`
     convolution multiplies: a view of ``x5`` when its strides allow, else a copy."""
-    _, st3, _, _ = win.as3()
-    out3 = (1,) * (MAX_SPATIAL - len(win.out)) + win.out
-    view = x5[:, :, :: st3[0], :: st3[1], :: st3[2]][:, :, : out3[0], : out3[1], : out3[2]]
-    return [image.reshape(x5.shape[1], -1) for image in view]
+    return [image.reshape(x5.shape[1], -1) for image in pointwise_pixels(x5, win)]
 
 
 def pointwise_products(w2: np.ndarray, columns: Sequence[np.ndarray], y: np.ndarray) -> None:
@@ -487,12 +492,18 @@ def prepare_conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
     scaled = "input_scale" in attrs
     in_place = into is not None and x.dtype == np.float32 and x.flags.c_contiguous and \
         pointwise(group, win)
+    gather = None
     if in_place:  # x's columns and the output's rows as views of fixed arrays, made once
         check_elements("Conv", "output", into.shape)
         columns = pointwise_columns(as5d(x), win)
         rows = into.reshape(into.shape[0], into.shape[1], -1)
-        # strided pixels are gathered into a copy, which must be made anew for each call
-        in_place = all(np.shares_memory(c, x) for c in columns)
+        if not all(np.shares_memory(c, x) for c in columns):
+            # strided pixels: gathered each call into a buffer made once (the same elements
+            # a copy made per call would hold), whose images are the columns
+            pixels = pointwise_pixels(as5d(x), win)
+            gathered = np.empty(pixels.shape, x.dtype)
+            columns = [image.reshape(x.shape[1], -1) for image in gathered]
+            gather = functools.partial(np.copyto, gathered, pixels)
 
     wide = dtype != np.float32  # float32 operands are computed on as they are
     from . import conv_lean, conv_parts  # lazy: they build on this module
@@ -503,6 +514,8 @@ def prepare_conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
         conv_lean.plan(inputs, attrs, group, win, into, fused, steps, views)
 
     def run() -> list[np.ndarray]:
+        if gather is not None:
+            gather()
         if parts is not None and parts():
             return [into]
         if lean is not None and lean():

@@ -12,7 +12,7 @@ that read values:
 
 - a 1x1 convolution over views of its input (:func:`.conv.pointwise_columns`), with its
   weights scaled per input channel by a squeeze-excite's gate or not: the scaling into a buffer
-  of its own, one GEMM per image, then the fused bias loop, or the bias and a residual;
+  of its own, one GEMM per image, then the fused bias loop, or the bias, a residual and a Relu;
 - a depthwise convolution on phase-split planes (:func:`.depthwise.tapped`): the finite
   weights check, the tap loop over views made once, then the same; or channels-last (small
   planes, :func:`.depthwise.channels_last_rows`), transposed into buffers made once.
@@ -35,7 +35,7 @@ from ..epilogue import Step
 from . import blas, depthwise, taps
 from .bias_fused import FusedLoop
 from .conv import Window, as5d, channel_scale, pointwise
-from .conv_parts import operand_steps
+from .conv_parts import Tail, operand_steps
 
 Lean = Callable[[], bool]
 
@@ -47,8 +47,9 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
     is not one of the launches above: float32 into an ``into`` buffer, from a C-contiguous
     input, and after the products either the fused bias loop (``fused``), or the bias and
     epilogue steps that are all ``Add`` or ``Mul`` of a float32 operand of the output's shape
-    (a residual), with no fused activation. It returns False (nothing written) when this run's
-    values rule it out (non-finite depthwise weights): the caller then runs the general path.
+    (a residual), perhaps then a Relu, with no fused activation (:class:`.conv_parts.Tail`).
+    It returns False (nothing written) when this run's values rule it out (non-finite
+    depthwise weights): the caller then runs the general path.
     ``columns`` are a 1x1 convolution's pixel columns when they are views of its input, and
     ``steps`` the decoded epilogue (:func:`.conv.prepare_conv` made both)."""
     x, w = inputs[0], inputs[1]
@@ -60,10 +61,10 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
         def finish() -> None:
             fused(into, b)  # float32, contiguous and writable (computes_into): it applies
     else:
-        operands = operand_steps(inputs, attrs, steps, into.shape)
-        if operands is None:
+        tail = operand_steps(inputs, attrs, steps, into.shape)
+        if tail is None:
             return None
-        finish = _bias_and_operands(into, b, operands)
+        finish = _tail(into, b, tail)
     if pointwise(group, win):
         return None if columns is None else _pointwise(inputs, attrs, columns, into, finish)
     if group > 1 and w.shape[1] == 1 and "input_scale" not in attrs:
@@ -71,21 +72,14 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
     return None
 
 
-def _bias_and_operands(into: np.ndarray, b: np.ndarray | None,
-                       operands: list[tuple[np.ufunc, np.ndarray]]) -> Callable[[], None]:
-    """The bias as :func:`.conv.add_bias` adds it, then each ``Add`` or ``Mul`` of an operand
-    of the output's shape (:func:`.conv_parts.operand_steps`) as
-    :func:`.epilogue.apply_epilogue` applies it."""
+def _tail(into: np.ndarray, b: np.ndarray | None, tail: Tail) -> Callable[[], None]:
+    """The bias and the epilogue's residual steps (:class:`.conv_parts.Tail`) on the whole
+    output."""
     y = into.reshape(into.shape[0], into.shape[1], -1)
-    bias = None if b is None else b[:, None]
+    everything = slice(None)
 
     def finish() -> None:
-        if bias is not None:
-            np.add(y, bias, out=y)
-        if operands:
-            with np.errstate(all="ignore"):
-                for ufunc, operand in operands:
-                    ufunc(y, operand, out=y)
+        tail(y, b, everything, everything)
 
     return finish
 

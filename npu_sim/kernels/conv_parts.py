@@ -31,14 +31,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..epilogue import Step, input_scale
 from ..errors import KernelError
 from . import blas, cores, taps
-from .bias_fused import FusedLoop
+from .activations import apply_activation
+from .bias_fused import FusedLoop, bias_residual
 from .conv import Window, as5d, channel_scale, direct_fits, direct_steps, pointwise
 from .depthwise import tapped, tapped_args
 from .epilogue import UFUNCS
@@ -74,7 +75,8 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
     a depthwise one on phase-split planes (:func:`.depthwise.tapped`) or an image stem
     (:func:`.conv.direct_fits`), neither with an input scale; its bias and epilogue
     done by ``fused``, or no fused activation and epilogue steps that are all ``Add`` or ``Mul``
-    of a float32 operand of the output's shape; and at least :data:`SPLIT_WORK` (or
+    of a float32 operand of the output's shape, with at most a Relu after them (a
+    :class:`Tail`); and at least :data:`SPLIT_WORK` (or
     :data:`DEPTHWISE_WORK`) of work. The function returns False (nothing written) when this
     run's values rule the split out (non-finite depthwise weights): the caller runs it whole.
     ``steps`` is the launch's decoded epilogue, ``columns`` a 1x1 convolution's pixel columns
@@ -84,8 +86,8 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
     # prepare_conv gives an ``into`` only for a float32 output, and X, W and B share its dtype
     if into is None or not x.flags.c_contiguous or not w.flags.c_contiguous:
         return None
-    operands = operand_steps(inputs, attrs, steps, into.shape) if fused is None else ()
-    if operands is None or (fused is not None and b is None):
+    tail = operand_steps(inputs, attrs, steps, into.shape) if fused is None else None
+    if (fused is None and tail is None) or (fused is not None and b is None):
         return None
     n, m = into.shape[:2]
     y = into.reshape(n, m, -1)
@@ -120,11 +122,7 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
                 if not fused(rows, b[lo:hi]):  # float32 and contiguous: it always applies
                     raise KernelError("Conv", "", f"the fused bias loop refused rows {lo}:{hi}")
                 continue
-            if b is not None:
-                np.add(rows, b[lo:hi, None], out=rows)
-            for ufunc, operand in operands:
-                with np.errstate(all="ignore"):  # as apply_epilogue's binary steps
-                    ufunc(rows, operand[i:i + 1, lo:hi], out=rows)
+            tail(rows, None if b is None else b[lo:hi], slice(i, i + 1), slice(lo, hi))
 
     choice = cores.Choice()  # split or whole, timed in this launch's first runs
 
@@ -142,22 +140,51 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
     return run
 
 
+class Tail(NamedTuple):
+    """A launch's steps after its products when they can run on any block of its output rows:
+    the bias, then ``Add`` or ``Mul`` steps of float32 operands of the output's shape (viewed
+    as (N, M, pixels)), then a Relu if ``relu`` (a ResNet block's residual and Relu)."""
+
+    operands: list[tuple[np.ufunc, np.ndarray]]
+    relu: bool
+
+    def __call__(self, rows: np.ndarray, bias: np.ndarray | None, images: slice,
+                 channels: slice) -> None:
+        """The steps on ``rows``, the output's (N, M, pixels) view at ``images`` and
+        ``channels``, whose bias is ``bias`` (those channels' own, or None): the bias as
+        :func:`.conv.add_bias` adds it, each step as :func:`.epilogue.apply_epilogue` applies
+        it, each in its own pass, or a bias, residual ``Add`` and Relu in one
+        (:func:`.bias_fused.bias_residual`, the same float32 operations)."""
+        pairs = self.operands
+        if bias is not None and len(pairs) == 1 and pairs[0][0] is np.add and \
+                bias_residual(rows, bias, pairs[0][1][images, channels], self.relu):
+            return
+        if bias is not None:
+            np.add(rows, bias[:, None], out=rows)
+        with np.errstate(all="ignore"):  # as apply_epilogue's binary steps
+            for ufunc, operand in pairs:
+                ufunc(rows, operand[images, channels], out=rows)
+        if self.relu:
+            apply_activation(rows, "Relu", inplace=True)
+
+
 def operand_steps(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
-                  steps: Sequence[Step], shape: tuple[int, ...]
-                  ) -> list[tuple[np.ufunc, np.ndarray]] | None:
-    """The epilogue as (ufunc, operand viewed as (N, M, pixels)) pairs when it has no fused
-    activation and only ``Add`` and ``Mul`` steps with float32 operands of the output's shape
-    (a residual); else None."""
+                  steps: Sequence[Step], shape: tuple[int, ...]) -> Tail | None:
+    """The epilogue as a :class:`Tail` when it has no fused activation, only ``Add`` and
+    ``Mul`` steps with float32 operands of the output's ``shape`` (a residual), and at most a
+    parameterless Relu after them; else None."""
     if attrs.get("activation"):
         return None
+    relu = bool(steps) and steps[-1].op == "Relu" and steps[-1].operand < 0 and \
+        not steps[-1].gate and not steps[-1].params
     pairs = []
-    for step in steps:
+    for step in steps[:-1] if relu else steps:
         other = inputs[step.operand] if 0 <= step.operand < len(inputs) else None
         if step.op not in UFUNCS or other is None or other.shape != shape or \
                 other.dtype != np.float32 or not other.flags.c_contiguous:
             return None
         pairs.append((UFUNCS[step.op], other.reshape(shape[0], shape[1], -1)))
-    return pairs
+    return Tail(pairs, relu)
 
 
 def _pointwise(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],

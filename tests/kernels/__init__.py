@@ -196,3 +196,20 @@ def with_specials(x: np.ndarray, seed: int, specials: Sequence[float]) -> np.nda
     picks = rng.random(x.shape) < 0.3
     x[picks] = rng.choice(np.asarray(specials, np.float32), size=int(picks.sum())).astype(x.dtype)
     return x
+
+
+def unprepared_conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any]) -> np.ndarray:
+    """A float32 Conv computed the long way, step by step as the general path's pieces do it
+    (the products from fresh arrays, the bias in its own pass, then the fused activation and
+    epilogue), for comparing prepared launches' bits with."""
+    from npu_sim.kernels.conv import add_bias, conv_nd, geometry
+    from npu_sim.kernels.gemm import finish
+
+    x, w = inputs[0], inputs[1]
+    b = inputs[2] if len(inputs) > 2 else None
+    group, win = geometry(x.shape, w.shape, attrs)
+    with np.errstate(all="ignore"):
+        y = conv_nd(x, w, group, win)
+        if b is not None:
+            add_bias(y, b)
+        return finish(y, attrs, np.dtype(np.float32), "Conv", inputs)

@@ -1,6 +1,7 @@
-"""A convolution's bias fused with its Relu or hard-sigmoid gate: the same bits as adding the bias
-and running the activation or epilogue as separate passes, specials included, and onnxruntime's
-unfused Conv then Relu or HardSwish within float32 tolerance."""
+"""A convolution's bias fused with its Relu or hard-sigmoid gate, or with a residual and a Relu:
+the same bits as adding the bias and running the activation or epilogue as separate passes,
+specials included, and onnxruntime's unfused Conv then Relu or HardSwish within float32
+tolerance."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from ortref import run_ort
 
 from kernels import random_array, run_kernel, seeds, with_specials
 from npu_sim.epilogue import Step, encode
-from npu_sim.kernels.bias_fused import fused_bias_loop
+from npu_sim.kernels.activations import apply_activation
+from npu_sim.kernels.bias_fused import bias_residual, fused_bias_loop
 from npu_sim.kernels.conv import add_bias
 from npu_sim.kernels.gemm import finish
 
@@ -61,6 +63,42 @@ def test_other_launches_are_left_to_the_separate_passes(attrs):
 def test_the_fused_loop_leaves_operands_it_cannot_take(y, bias):
     before = y.copy()
     assert not fused_bias_loop("Conv", FUSED[0])(y, bias)
+    np.testing.assert_array_equal(y, before)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 3), m=st.integers(1, 9), pixels=st.integers(1, 70), relu=st.booleans(),
+       seed=seeds)
+def test_the_residual_pass_gives_the_separate_passes_bits(n, m, pixels, relu, seed):
+    """Bias, residual Add and Relu in one pass: what the bias pass, the epilogue's Add and the
+    Relu kernel give one after another, with NaN, infinities and signed zeros in all three."""
+    y = with_specials(random_array(seed, (n, m, pixels), np.float32, -8, 8), seed, SPECIALS)
+    bias = with_specials(random_array(seed + 1, (m,), np.float32), seed + 1, SPECIALS)
+    residual = with_specials(random_array(seed + 2, y.shape, np.float32, -8, 8), seed + 2,
+                             SPECIALS)
+    want, got = y.copy(), y.copy()
+    with np.errstate(all="ignore"):
+        add_bias(want, bias)
+        np.add(want, residual, out=want)
+        if relu:
+            want = apply_activation(want, "Relu")
+        assert bias_residual(got, bias, residual, relu)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("y, bias, residual", [
+    (np.zeros((1, 4, 9), np.float32), np.ones(4, np.float32), np.ones((1, 4, 9), np.float16)),
+    (np.zeros((1, 4, 9), np.float32), np.ones(4, np.float64), np.ones((1, 4, 9), np.float32)),
+    (np.zeros((1, 4, 9), np.float32), np.ones(4, np.float32), np.ones((1, 4, 1), np.float32)),
+    (np.zeros((1, 4, 9), np.float32), np.ones(4, np.float32),
+     np.ones((1, 9, 4), np.float32).transpose(0, 2, 1)),  # not contiguous
+    (np.zeros((1, 9, 4), np.float32).transpose(0, 2, 1), np.ones(4, np.float32),
+     np.ones((1, 4, 9), np.float32)),
+    (np.zeros((4, 9), np.float32), np.ones(4, np.float32), np.ones((4, 9), np.float32)),
+])
+def test_the_residual_pass_leaves_operands_it_cannot_take(y, bias, residual):
+    before = y.copy()
+    assert not bias_residual(y, bias, residual, True)
     np.testing.assert_array_equal(y, before)
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import random_array, seeds, with_specials
+from kernels import random_array, seeds, unprepared_conv, with_specials
 from npu_sim.epilogue import Step, encode
 from npu_sim.kernels import conv_lean, conv_parts
 from npu_sim.kernels.conv import prepare_conv
@@ -123,8 +123,33 @@ def test_a_lean_channels_last_depthwise_conv_gives_the_bits_of_the_general_path(
     assert_lean_equals_general([x, w, b], attrs, (n, c, out, out), planned=True)
 
 
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 2), c=st.integers(1, 40), m=st.integers(1, 40), h=st.integers(1, 20),
+       stride=st.integers(1, 3), relu=st.booleans(), seed=seeds)
+def test_a_lean_resnet_block_end_gives_the_bits_of_the_unprepared_conv(n, c, m, h, stride, relu,
+                                                                       seed):
+    """A ResNet block's last 1x1 convolution, strided (its pixels gathered each run into a
+    buffer made once) or not, with its bias, the residual Add and perhaps the Relu: what the
+    general path's pieces give one after another, run after run."""
+    x = with_specials(random_array(seed, (n, c, h, h), np.float32, -4, 4), seed, SPECIALS)
+    w = random_array(seed + 1, (m, c, 1, 1), np.float32, -1, 1)
+    b = random_array(seed + 2, (m,), np.float32)
+    out = (n, m, (h - 1) // stride + 1, (h - 1) // stride + 1)
+    r = with_specials(random_array(seed + 3, out, np.float32, -4, 4), seed + 3, SPECIALS)
+    attrs = {"group": 1, "kernel_shape": (1, 1), "strides": (stride, stride),
+             **encode([Step("Add", operand=3)] + ([Step("Relu")] if relu else []))}
+    _, lean, (_, got), was = launches([x, w, b, r], attrs, out)
+    assert was
+    for _ in range(2):
+        got.fill(np.nan)
+        with np.errstate(all="ignore"):
+            lean()
+        np.testing.assert_array_equal(got, unprepared_conv([x, w, b, r], attrs))
+        x *= -1  # new contents, the same arrays
+
+
 def test_what_the_lean_closures_leave_to_the_general_path() -> None:
-    """A strided 1x1 (its pixels gathered into a copy), a broadcast residual, a depthwise
+    """A broadcast residual, a depthwise
     convolution with a channel multiplier on small planes, planar or with a scaled input,
     float16, and no output buffer."""
     x, w1 = np.zeros((1, 8, 28, 28), np.float32), np.zeros((4, 8, 1, 1), np.float32)
@@ -141,7 +166,7 @@ def test_what_the_lean_closures_leave_to_the_general_path() -> None:
 
     assert lean([x, w1, b[:4]], one, (1, 4, 28, 28))
     assert lean([x, wd, b], dw, (1, 8, 28, 28))
-    assert not lean([x, w1, b[:4]], {**one, "strides": (2, 2)}, (1, 4, 14, 14))
+    assert lean([x, w1, b[:4]], {**one, "strides": (2, 2)}, (1, 4, 14, 14))  # gathered pixels
     assert not lean([x, w1, b[:4], np.zeros((1, 4, 1, 1), np.float32)],
                     {**one, **encode([Step("Add", operand=3)])}, (1, 4, 28, 28))
     small = np.zeros((1, 8, 13, 13), np.float32)

@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from ortref import run_ort
 
-from kernels import random_array, seeds, with_specials
+from kernels import random_array, seeds, unprepared_conv, with_specials
 from npu_sim.epilogue import Step, decode, encode
 from npu_sim.kernels import blas, conv_parts
 from npu_sim.kernels.conv import as5d, pointwise, pointwise_columns, prepare_conv
@@ -131,10 +131,39 @@ def test_a_split_image_stem_gives_the_bits_of_the_whole_launch(n, c, m, k, s, si
     assert_split_equals_whole(x, w, b, attrs, (n, m, out, out), planned=m > conv_parts.DIRECT_ALIGN)
 
 
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 2), c=st.integers(16, 48), m=st.integers(32, 96), h=st.integers(40, 80),
+       stride=st.integers(1, 2), relu=st.booleans(), seed=seeds)
+def test_a_split_resnet_block_end_gives_the_bits_of_the_unprepared_conv(n, c, m, h, stride, relu,
+                                                                         seed):
+    """A ResNet block's last 1x1 convolution (strided or not: its pixels gathered into a buffer
+    of the launch's own) with its bias, the residual Add and the Relu, split: what the general
+    path's pieces give one after another."""
+    x = with_specials(random_array(seed, (n, c, h, h), np.float32, -4, 4), seed, SPECIALS)
+    w = random_array(seed + 1, (m, c, 1, 1), np.float32, -1, 1)
+    b = random_array(seed + 2, (m,), np.float32)
+    out = (n, m, (h - 1) // stride + 1, (h - 1) // stride + 1)
+    r = with_specials(random_array(seed + 3, out, np.float32, -4, 4), seed + 3, SPECIALS)
+    attrs = {"group": 1, "kernel_shape": (1, 1), "strides": (stride, stride),
+             **encode([Step("Add", operand=3)] + ([Step("Relu")] if relu else []))}
+    _, split, (_, got), was = launches(x, w, b, attrs, out, (r,))
+    if GEMMS_SPLIT:
+        assume(was)
+    else:
+        assert not was
+    for _ in range(2):  # the second run gathers the pixels again
+        got.fill(np.nan)
+        with np.errstate(all="ignore"):
+            split()
+        np.testing.assert_array_equal(got, unprepared_conv([x, w, b, r], attrs))
+        x[:, :, ::stride] *= 2  # new contents, the same arrays
+
+
 def test_the_split_is_planned_for_the_mobile_nets_launches(split_always) -> None:
-    """1x1 over views of the input and depthwise on phase-split planes split; what they do not
-    take (a strided 1x1's gathered pixels, a broadcast residual, a step no fused loop does, no
-    output buffer, GEMM parts small enough for OpenBLAS's small-matrix kernel) does not."""
+    """1x1 over views of the input (or a buffer of gathered pixels) and depthwise on
+    phase-split planes split; what they do not take (a 1x1 whose columns come as no views, a
+    broadcast residual, a step no fused loop does, no output buffer, GEMM parts small enough
+    for OpenBLAS's small-matrix kernel) does not."""
     x = np.zeros((1, 64, 64, 64), np.float32)
     w1, wd, b = np.zeros((32, 64, 1, 1), np.float32), np.zeros((64, 1, 3, 3), np.float32), \
         np.zeros(64, np.float32)
@@ -142,8 +171,8 @@ def test_the_split_is_planned_for_the_mobile_nets_launches(split_always) -> None
     residual = {**one, **encode([Step("Add", operand=3)])}
 
     def planned(inputs, attrs, *, into=True):
-        """What prepare_conv's plan call gets: the decoded steps, a 1x1's pixel columns when
-        they are views of the input."""
+        """A plan call as prepare_conv's: the decoded steps, a 1x1's pixel columns (None for a
+        strided 1x1 here: prepare_conv gathers those into a buffer of its own)."""
         group, win, out = _window(inputs[0], inputs[1], attrs)
         columns = pointwise_columns(as5d(inputs[0]), win) if pointwise(group, win) else None
         if columns is not None and not all(np.shares_memory(c, inputs[0]) for c in columns):
