@@ -30,6 +30,7 @@ Conv, ConvTranspose and the pools.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -215,21 +216,31 @@ def _padded(x: np.ndarray, begin: Sequence[int], end: Sequence[int]) -> np.ndarr
     return xp
 
 
-def im2col(x: np.ndarray, win: Window, cols: np.ndarray) -> None:
-    """Unfold one image ``x`` (C, D, H, W) into ``cols`` (C*KD*KH*KW, OD*OH*OW).
+def unfolder(x: np.ndarray, win: Window) -> Callable[[np.ndarray, int, int], None]:
+    """The im2col unfold of one image ``x`` (C, D, H, W), band by band: ``fill(cols, r0, r1)``
+    writes output rows ``r0..r1`` (the second-last output axis) of it into ``cols``
+    (C*KD*KH*KW, OD*(r1-r0)*OW). What every band reads is made here, once.
 
     Row ``(c, i, j, l)`` holds, for every output pixel, the input element under kernel tap
     ``(i, j, l)``. After padding, that is a strided view of the input (offset by the tap times
-    the dilation, stepping by the stride), so the unfold is one strided copy; numpy's copy loop
+    the dilation, stepping by the stride), so a band is one strided copy; numpy's copy loop
     measured about twice as fast as a numba loop over rows (no per-element bounds tests, and no
     thread contention with the BLAS threads that run right after). Long strided output rows
-    (image stems) unfold in numba instead, without the pad (:mod:`.unfold`).
+    (image stems) unfold in numba instead, from the image split into its phases, without the
+    pad (:mod:`.unfold`).
     """
     k3, st3, di3, pb3 = win.as3()
     lead = MAX_SPATIAL - len(win.out)
+    od, _, ow = (1,) * lead + win.out
     if unfold.fits(x.dtype, int(st3[2]), win.out[-1]):  # long strided rows: no pad, no gather
-        unfold.unfold(x, k3, st3, di3, pb3, cols.reshape(-1, *((1,) * lead + win.out)))
-        return
+        split, width = unfold.phases(x, st3[2]), x.shape[-1]
+
+        def fill_phases(cols: np.ndarray, r0: int, r1: int) -> None:
+            pb = pb3.copy()
+            pb[1] -= r0 * st3[1]  # output row r0 is row 0 of a pad r0 strides shorter
+            unfold.fill(split, width, k3, st3, di3, pb, cols.reshape(len(cols), od, r1 - r0, ow))
+
+        return fill_phases
     xp = _padded(x, pb3.tolist(), [0] * lead + list(win.pads_end))
     s = xp.strides
     # Every index stays inside xp: (k - 1) * dilation + (out - 1) * stride < padded length.
@@ -243,7 +254,46 @@ def im2col(x: np.ndarray, win: Window, cols: np.ndarray) -> None:
             *(s[a + 1] * int(st3[a]) for a in range(3)),
         ),
     )
-    np.copyto(cols.reshape(view.shape), view)
+
+    def fill_view(cols: np.ndarray, r0: int, r1: int) -> None:
+        band = view[..., r0:r1, :]
+        np.copyto(cols.reshape(band.shape), band)
+
+    return fill_view
+
+
+def im2col(x: np.ndarray, win: Window, cols: np.ndarray) -> None:
+    """Unfold one image ``x`` (C, D, H, W) into ``cols`` (C*KD*KH*KW, OD*OH*OW) whole
+    (:func:`unfolder`)."""
+    unfolder(x, win)(cols, 0, ((1,) * (MAX_SPATIAL - len(win.out)) + win.out)[1])
+
+
+#: A convolution unfolds and multiplies its output rows in :data:`BANDS` bands when it has at
+#: least :data:`BAND_MACS` multiply-adds and at least half as many output pixels as output
+#: channels (:func:`bands`).
+BANDS = 2
+BAND_MACS = 1 << 23
+
+
+def bands(m: int, rows: int, win: Window) -> list[int]:
+    """Where a convolution of ``m`` output channels and ``rows`` im2col rows (input channels
+    per group times kernel taps) cuts its output rows (the second-last output axis) into the
+    bands it unfolds and multiplies one at a time: [0, OH] (one band), or :data:`BANDS` bands
+    of about equal height for a 2-D (or 1-D) output of at least 2 rows with at least
+    :data:`BAND_MACS` multiply-adds and at least ``m / 2`` pixels.
+
+    OpenBLAS's Haswell sgemm sums a product cut by columns in another order than the whole
+    (:data:`.blas.KERNELS`), so the bands are part of the arithmetic: they depend on the shape
+    alone, never on the host's cores or on the path that runs the launch, and every path runs
+    the same bands. Split over the cores (:mod:`.conv_parts`), each band unfolds, multiplies
+    and finishes on its own thread, where a split by output channels would pack the whole
+    unfolded matrix in each part; with a quarter as many pixels as channels (ResNet-50's 7x7
+    layers) the weights are the larger operand, and rows split better."""
+    out3 = (1,) * (MAX_SPATIAL - len(win.out)) + win.out
+    pixels = math.prod(out3)
+    if out3[0] != 1 or out3[1] < BANDS or 2 * pixels < m or m * rows * pixels < BAND_MACS:
+        return [0, out3[1]]
+    return [out3[1] * k // BANDS for k in range(BANDS + 1)]
 
 
 def check_conv(
@@ -367,14 +417,17 @@ def conv_nd(
     check_elements(op, "padded input image", [c, *padded])
     check_elements(op, "im2col matrix", (rows, pixels))
     wg = w.reshape(group, m // group, rows // group)
-    cols = scratch((rows, pixels), x.dtype)
     y = np.empty((n, group, m // group, pixels), x.dtype) if into is None else \
         into.reshape(n, group, m // group, pixels)
-    step = rows // group
+    step, cuts, width = rows // group, bands(m, rows // group, win), pixels // out3[1]
     for i in range(n):
-        im2col(x5[i], win, cols)
-        for g in range(group):
-            blas.matmul(wg[g], cols[g * step : (g + 1) * step], out=y[i, g])
+        fill = unfolder(x5[i], win)
+        for r0, r1 in itertools.pairwise(cuts):
+            cols = scratch((rows, (r1 - r0) * width), x.dtype)
+            fill(cols, r0, r1)
+            for g in range(group):
+                blas.matmul(wg[g], cols[g * step : (g + 1) * step],
+                            out=y[i, g, :, r0 * width : r1 * width])
     return y.reshape((n, m) + win.out)
 
 
@@ -506,10 +559,11 @@ def prepare_conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
             gather = functools.partial(np.copyto, gathered, pixels)
 
     wide = dtype != np.float32  # float32 operands are computed on as they are
-    from . import conv_lean, conv_parts  # lazy: they build on this module
+    from . import conv_bands, conv_lean, conv_parts  # lazy: they build on this module
 
     views = columns if in_place else None
-    parts = conv_parts.plan(inputs, attrs, group, win, into, fused, steps, views)
+    parts = conv_parts.plan(inputs, attrs, group, win, into, fused, steps, views) or \
+        conv_bands.plan(inputs, attrs, group, win, into, fused, steps)
     lean = None if parts is not None else \
         conv_lean.plan(inputs, attrs, group, win, into, fused, steps, views)
 

@@ -6,7 +6,9 @@ copy gathers every other element. :func:`unfold` instead splits each input row o
 ``stride`` phases (every ``stride``-th element from offset ``p``), so that each kernel tap's
 output row is one contiguous copy from a phase, and zero-fills the out-of-bounds head and tail
 of each row, bounds computed per row rather than tested per element: there is no padded copy.
-The values are the same elements, so the bits of the convolution do not change.
+The values are the same elements, so the bits of the convolution do not change. The phase
+split (:func:`phases`) is made once per image and each band of output rows filled from it
+(:func:`fill`).
 """
 
 from __future__ import annotations
@@ -31,28 +33,30 @@ def fits(dtype: np.dtype, stride_w: int, out_w: int) -> bool:
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def unfold(x, k, st, di, pb, cols):  # pragma: no cover - compiled
-    """Unfold ``x`` (C, D, H, W) into ``cols`` (C*KD*KH*KW, OD, OH, OW), 3-D kernel ``k``,
-    strides ``st``, dilations ``di`` and leading pads ``pb`` (int64 arrays of 3)."""
+def phases(x, s):  # pragma: no cover - compiled
+    """``x`` (C, D, H, W) split along W into its ``s`` phases: (C, D, H, s, ceil(W / s)), phase
+    ``p`` of a row every ``s``-th element from offset ``p``."""
     c, d, h, w = x.shape
-    s = st[2]
-    phases = np.empty((c, d, h, s, (w + s - 1) // s), x.dtype)
+    out = np.empty((c, d, h, s, (w + s - 1) // s), x.dtype)
     for ci in range(c):
         for z in range(d):
             for y in range(h):
                 row = x[ci, z, y]
                 for p in range(s):
-                    dst = phases[ci, z, y, p]
+                    dst = out[ci, z, y, p]
                     for e in range((w - p + s - 1) // s):
                         dst[e] = row[p + e * s]
-    _taps(phases, w, k, st, di, pb, cols)
+    return out
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _taps(phases, w, k, st, di, pb, cols):  # pragma: no cover - compiled
-    """Fill ``cols`` from the phase-split input ``phases`` (C, D, H, stride, ceil(W / stride))
-    of an input ``w`` wide: each tap's output row is a zero head, one contiguous copy of the
-    in-bounds columns (views from 0, so LLVM vectorises it) and a zero tail."""
+def fill(phases, w, k, st, di, pb, cols):  # pragma: no cover - compiled
+    """Fill ``cols`` (C*KD*KH*KW, OD, OH, OW) from the phase-split input ``phases`` (C, D, H,
+    stride, ceil(W / stride), :func:`phases`) of an input ``w`` wide, 3-D kernel ``k``, strides
+    ``st``, dilations ``di`` and leading pads ``pb`` (int64 arrays of 3; output rows from
+    ``r0`` on are those of a leading row pad less ``r0`` strides). Each tap's output row is a
+    zero head, one contiguous copy of the in-bounds columns (views from 0, so LLVM vectorises
+    it) and a zero tail."""
     c, d, h = phases.shape[0], phases.shape[1], phases.shape[2]
     od, oh, ow = cols.shape[1], cols.shape[2], cols.shape[3]
     s = st[2]
