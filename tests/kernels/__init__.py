@@ -213,3 +213,21 @@ def unprepared_conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any
         if b is not None:
             add_bias(y, b)
         return finish(y, attrs, np.dtype(np.float32), "Conv", inputs)
+
+
+def resnet_block_end(seed: int, n: int, c: int, m: int, h: int, stride: int, relu: bool,
+                     specials: Sequence[float]) -> tuple[list[np.ndarray], dict[str, Any],
+                                                         tuple[int, ...]]:
+    """A ResNet block's last 1x1 convolution: its inputs (X with ``specials``, W, B and the
+    residual with them too), attributes (the stride, the residual ``Add`` and, if ``relu``,
+    the Relu as its epilogue) and output shape."""
+    from npu_sim.epilogue import Step, encode
+
+    x = with_specials(random_array(seed, (n, c, h, h), np.float32, -4, 4), seed, specials)
+    w = random_array(seed + 1, (m, c, 1, 1), np.float32, -1, 1)
+    b = random_array(seed + 2, (m,), np.float32)
+    out = (n, m, (h - 1) // stride + 1, (h - 1) // stride + 1)
+    r = with_specials(random_array(seed + 3, out, np.float32, -4, 4), seed + 3, specials)
+    attrs = {"group": 1, "kernel_shape": (1, 1), "strides": (stride, stride),
+             **encode([Step("Add", operand=3)] + ([Step("Relu")] if relu else []))}
+    return [x, w, b, r], attrs, out

@@ -10,8 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import assert_matches, ort_reference, random_array, seeds, unprepared_conv, \
-    with_specials
+from kernels import (
+    assert_matches,
+    ort_reference,
+    random_array,
+    seeds,
+    unprepared_conv,
+    with_specials,
+)
 from npu_sim.epilogue import Step, encode
 from npu_sim.errors import KernelError
 from npu_sim.kernels import blas, conv, conv_bands, unfold

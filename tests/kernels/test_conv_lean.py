@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import random_array, seeds, unprepared_conv, with_specials
+from kernels import random_array, resnet_block_end, seeds, unprepared_conv, with_specials
 from npu_sim.epilogue import Step, encode
 from npu_sim.kernels import conv_lean, conv_parts
 from npu_sim.kernels.conv import prepare_conv
@@ -131,20 +131,15 @@ def test_a_lean_resnet_block_end_gives_the_bits_of_the_unprepared_conv(n, c, m, 
     """A ResNet block's last 1x1 convolution, strided (its pixels gathered each run into a
     buffer made once) or not, with its bias, the residual Add and perhaps the Relu: what the
     general path's pieces give one after another, run after run."""
-    x = with_specials(random_array(seed, (n, c, h, h), np.float32, -4, 4), seed, SPECIALS)
-    w = random_array(seed + 1, (m, c, 1, 1), np.float32, -1, 1)
-    b = random_array(seed + 2, (m,), np.float32)
-    out = (n, m, (h - 1) // stride + 1, (h - 1) // stride + 1)
-    r = with_specials(random_array(seed + 3, out, np.float32, -4, 4), seed + 3, SPECIALS)
-    attrs = {"group": 1, "kernel_shape": (1, 1), "strides": (stride, stride),
-             **encode([Step("Add", operand=3)] + ([Step("Relu")] if relu else []))}
-    _, lean, (_, got), was = launches([x, w, b, r], attrs, out)
+    inputs, attrs, out = resnet_block_end(seed, n, c, m, h, stride, relu, SPECIALS)
+    x = inputs[0]
+    _, lean, (_, got), was = launches(inputs, attrs, out)
     assert was
     for _ in range(2):
         got.fill(np.nan)
         with np.errstate(all="ignore"):
             lean()
-        np.testing.assert_array_equal(got, unprepared_conv([x, w, b, r], attrs))
+        np.testing.assert_array_equal(got, unprepared_conv(inputs, attrs))
         x *= -1  # new contents, the same arrays
 
 

@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from ortref import run_ort
 
-from kernels import random_array, seeds, unprepared_conv, with_specials
+from kernels import random_array, resnet_block_end, seeds, unprepared_conv, with_specials
 from npu_sim.epilogue import Step, decode, encode
 from npu_sim.kernels import blas, conv_parts
 from npu_sim.kernels.conv import as5d, pointwise, pointwise_columns, prepare_conv
@@ -139,14 +139,9 @@ def test_a_split_resnet_block_end_gives_the_bits_of_the_unprepared_conv(n, c, m,
     """A ResNet block's last 1x1 convolution (strided or not: its pixels gathered into a buffer
     of the launch's own) with its bias, the residual Add and the Relu, split: what the general
     path's pieces give one after another."""
-    x = with_specials(random_array(seed, (n, c, h, h), np.float32, -4, 4), seed, SPECIALS)
-    w = random_array(seed + 1, (m, c, 1, 1), np.float32, -1, 1)
-    b = random_array(seed + 2, (m,), np.float32)
-    out = (n, m, (h - 1) // stride + 1, (h - 1) // stride + 1)
-    r = with_specials(random_array(seed + 3, out, np.float32, -4, 4), seed + 3, SPECIALS)
-    attrs = {"group": 1, "kernel_shape": (1, 1), "strides": (stride, stride),
-             **encode([Step("Add", operand=3)] + ([Step("Relu")] if relu else []))}
-    _, split, (_, got), was = launches(x, w, b, attrs, out, (r,))
+    inputs, attrs, out = resnet_block_end(seed, n, c, m, h, stride, relu, SPECIALS)
+    x = inputs[0]
+    _, split, (_, got), was = launches(*inputs[:3], attrs, out, inputs[3:])
     if GEMMS_SPLIT:
         assume(was)
     else:
@@ -155,7 +150,7 @@ def test_a_split_resnet_block_end_gives_the_bits_of_the_unprepared_conv(n, c, m,
         got.fill(np.nan)
         with np.errstate(all="ignore"):
             split()
-        np.testing.assert_array_equal(got, unprepared_conv([x, w, b, r], attrs))
+        np.testing.assert_array_equal(got, unprepared_conv(inputs, attrs))
         x[:, :, ::stride] *= 2  # new contents, the same arrays
 
 
