@@ -359,12 +359,20 @@ def team() -> _Team | None:
 
 #: Calls of a :class:`Choice` timed each way (split, then whole, alternating) before it decides.
 TRIALS = 5
+#: A :class:`Choice` decides after :data:`EARLY` calls each way when every call one way took
+#: :data:`CLEAR` times less than every call the other way (light_resnet50's split launches
+#: take 0.55-0.65 of their whole time): with two schedules alternating, ten trial calls each
+#: made a fresh session's first 20-odd runs 1.2-1.5x slower than the later ones.
+EARLY = 2
+CLEAR = 1.25
 
 
 class Choice:
     """Whether one launch that runs again and again (a prepared kernel) gains from splitting,
     decided by timing it: its first ``2 * TRIALS`` calls alternate split and whole, and the
-    way with the lower median time is kept for every later call.
+    way with the lower median time is kept for every later call (or, after ``2 * EARLY``
+    calls, the way every call of which was ``CLEAR`` times faster than every call the other
+    way).
 
     Whether a split gains depends on the host more than on the launch: a handoff cost 4-22 us
     on the Zen 4 the split sizes were measured on, and a median 60 us on a Zen 3 VM, where the
@@ -399,6 +407,11 @@ class Choice:
         (whole_times if whole else split_times).append(time.perf_counter() - start)
         if len(whole_times) >= TRIALS:
             self._whole = statistics.median(whole_times) <= statistics.median(split_times)
+        elif EARLY <= len(whole_times) == len(split_times):
+            if max(whole_times) * CLEAR <= min(split_times):
+                self._whole = True
+            elif max(split_times) * CLEAR <= min(whole_times):
+                self._whole = False
 
 
 def serial(parts: int, work: Callable[[int], object]) -> None:

@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -194,8 +195,9 @@ def _fresh(helpers) -> None:
 
 
 def test_a_choice_keeps_running_whole_a_launch_that_splitting_slows(monkeypatch) -> None:
-    """A split that costs 20 ms more than running the parts: after its trials, each running
-    every part once, the choice runs the launch whole, on the caller, and splits no more."""
+    """A split that costs 20 ms more than running the parts: after its first trials (clear
+    enough to end early), each running every part once, the choice runs the launch whole, on
+    the caller, and splits no more."""
     splits: list[int] = []
 
     def slow_split(parts: int, work) -> None:
@@ -207,7 +209,7 @@ def test_a_choice_keeps_running_whole_a_launch_that_splitting_slows(monkeypatch)
     monkeypatch.setattr(cores, "split", slow_split)
     choice = cores.Choice()
     seen: list[int] = []
-    for n in range(2 * cores.TRIALS):
+    for n in range(2 * cores.EARLY):  # every whole call far faster than every split one
         assert choice.whole is None
         seen.clear()
         choice.run(3, seen.append)
@@ -216,7 +218,34 @@ def test_a_choice_keeps_running_whole_a_launch_that_splitting_slows(monkeypatch)
     assert choice.whole is True
     seen.clear()
     choice.run(4, lambda k: seen.append(threading.get_ident()))
-    assert seen == [threading.get_ident()] * 4 and len(splits) == cores.TRIALS
+    assert seen == [threading.get_ident()] * 4 and len(splits) == cores.EARLY
+
+
+@pytest.mark.parametrize("split_ms, whole_ms, whole", [
+    ([10, 12, 11, 11, 10], [11, 10, 12, 10, 11], True),  # level medians: whole
+    ([10, 9, 10, 11, 9], [11, 10, 12, 10, 11], False),
+    ([10, 30, 10, 10, 10], [13, 14, 13, 13, 13], False),  # one slow split call: no early call
+])
+def test_a_choice_with_no_clear_winner_times_every_trial(monkeypatch, split_ms, whole_ms,
+                                                         whole) -> None:
+    """Timings that never put one way :data:`cores.CLEAR` times below the other in every call
+    run all ``2 * TRIALS`` trials, then the lower median wins (whole on a tie)."""
+    monkeypatch.setattr(cores, "split", cores.serial)
+    durations = iter(ms / 1e3 for pair in zip(split_ms, whole_ms, strict=True) for ms in pair)
+    clock = [0.0]
+
+    def perf_counter() -> float:  # each call's start, then its end a scripted time later
+        clock[0] += next(durations) if len(ticks) % 2 else 0.0
+        ticks.append(clock[0])
+        return clock[0]
+
+    ticks: list[float] = []
+    monkeypatch.setattr(cores, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    choice = cores.Choice()
+    for _ in range(2 * cores.TRIALS):
+        assert choice.whole is None
+        choice.run(2, lambda k: None)
+    assert choice.whole is whole
 
 
 @pytest.mark.skipif(cores.THREADS < 2, reason="one core: no helper thread to meet")
@@ -226,7 +255,8 @@ def test_a_choice_keeps_splitting_a_launch_that_gains_from_it(monkeypatch) -> No
     monkeypatch.setattr(cores, "_others_running", lambda helpers: False)
     _fresh(cores.team())
     choice = cores.Choice()
-    for _ in range(2 * cores.TRIALS):
+    for _ in range(2 * cores.EARLY):  # split, every call about half the whole time
+        assert choice.whole is None
         choice.run(2, lambda k: time.sleep(0.02))
     assert choice.whole is False
     assert _threads_meeting(choice.run) == 2
