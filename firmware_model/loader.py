@@ -111,6 +111,9 @@ class LoadedProgram:
         """Recorded runs by :func:`.replay.key`; later runs replay them (:mod:`.replay`)."""
         self._pruned: dict[frozenset[int], list[Command]] = {}
         """Command streams of partial runs by wanted outputs (:mod:`.prune`)."""
+        self.prepared: tuple[tuple, list] | None = None
+        """The kernels and prepared steps every functional schedule replays
+        (:func:`.replay.shared_steps`)."""
 
     def base(self, region: Region) -> int:
         """HBM address of ``region``."""
@@ -268,6 +271,7 @@ class LoadedProgram:
         self._operands.clear()
         self._schedules.clear()
         self._pruned.clear()
+        self.prepared = None
         self.loaded = False
 
 

@@ -167,6 +167,22 @@ def _typed_view(loaded: LoadedProgram, tensor: int, *, writable: bool) -> np.nda
     return array
 
 
+def shared_steps(loaded: LoadedProgram) -> list[_Step]:
+    """The prepared kernel steps of ``loaded``, made once for all its functional schedules: a
+    program's runs cycle through a few schedules (the DMA channel orders), and preparing each
+    launch once per schedule made every prepared launch time its split and whole ways
+    (:class:`npu_sim.kernels.cores.Choice`) over twice as many runs, each with buffers of its
+    own. Made again when a kernel was registered anew since (the steps call the kernels they
+    were prepared with)."""
+    kernels = tuple(registry.lookup(launch.op, launch.node)
+                    for launch in loaded.program.launches)
+    held = loaded.prepared
+    if held is None or len(held[0]) != len(kernels) or \
+            any(a is not b for a, b in zip(held[0], kernels, strict=True)):
+        held = loaded.prepared = (kernels, _steps(loaded))
+    return held[1]
+
+
 def _steps(loaded: LoadedProgram) -> list[_Step]:
     launches = loaded.program.launches
     steps = []
@@ -242,7 +258,7 @@ class Schedule:
         self.records = [dict(r.__dict__) for r in records]
         self.host_records = {k for k, r in enumerate(self.records) if _mentions_host(r)}
         self.iovas = iovas
-        self.steps = _steps(loaded) if functional else []
+        self.steps = shared_steps(loaded) if functional else []
         self.kernels = {registry.lookup(launch.op) for launch in loaded.program.launches}
         program = loaded.program
         self.in_views = [_typed_view(loaded, i, writable=True) for i in program.inputs]

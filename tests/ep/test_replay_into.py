@@ -40,12 +40,12 @@ def program() -> Program:
     return Program("into", tensors, launches, commands, (0, 1), (3,), {}, 3 * nbytes + 4 * 144)
 
 
-def simulated_and_replayed() -> list:
-    """:func:`program` loaded twice, on devices of their own: simulating every run, and
-    replaying recorded schedules."""
+def simulated_and_replayed(queues: int = 1) -> list:
+    """:func:`program` loaded twice, on devices of their own (firmware of ``queues`` queues):
+    simulating every run, and replaying recorded schedules."""
     sides = []
     for replay in (False, True):
-        loaded = Firmware(Device(CONFIG)).load(program())
+        loaded = Firmware(Device(CONFIG), queues=queues).load(program())
         loaded.replay = replay
         sides.append(loaded)
     return sides
@@ -77,9 +77,10 @@ def test_replay_writes_into_outputs_that_overlap_no_input() -> None:
 
 
 def test_replay_prepares_each_launch_once_and_falls_back_when_it_cannot() -> None:
-    """A kernel with ``prepare`` is prepared once per launch of a recorded schedule and its
-    result called on every replayed run; a prepare that raises leaves the launch to the values
-    function. Either way the values are the simulation's bits."""
+    """A kernel with ``prepare`` is prepared once per launch, for every schedule the program's
+    runs cycle through, and its result called on every replayed run; a prepare that raises
+    leaves the launch to the values function. Either way the values are the simulation's
+    bits."""
     calls = {"prepare": 0, "run": 0, "values": 0}
 
     def values(inputs, attrs, out=None):
@@ -111,11 +112,46 @@ def test_replay_prepares_each_launch_once_and_falls_back_when_it_cannot() -> Non
                 (want,) = sides[0].run(feeds)
                 (got,) = sides[1].run(feeds)
                 assert got.tobytes() == want.tobytes()
-        schedules = calls["prepare"] // 2  # two launches
-        assert 1 <= schedules < 8  # one per recorded schedule, not one per run
+        assert calls["prepare"] == 2  # two launches, each prepared once for every schedule
         if prepare is counting:
+            schedules = (calls["values"] - 2 * 8) // 2  # the replaying side's simulated runs
+            assert 1 <= schedules < 8  # one per recorded schedule, not one per run
             assert calls["run"] == 2 * (8 - schedules)  # every replayed launch ran prepared
-            assert calls["values"] == 2 * 8 + 2 * schedules  # simulations only
         else:
             assert calls["run"] == 0
             assert calls["values"] == 2 * 8 * 2  # every launch of both sides
+
+
+def test_a_kernel_registered_anew_is_prepared_anew() -> None:
+    """The prepared steps call the kernels they were prepared with. Registered again, the
+    kernel no longer replays the schedules recorded with the old one (those runs simulate);
+    the schedules recorded since (here: runs on another queue) run the new one's prepared
+    launches, never the old ones'."""
+    sides: list = []
+    r = np.random.default_rng(2)
+    runs = {"old": 0, "new": 0}
+
+    def counting(name):
+        def prepare(inputs, attrs, out=None):
+            run = prepare_conv(inputs, attrs, out)
+
+            def counted():
+                runs[name] += 1
+                return run()
+            return counted
+        return prepare
+
+    for queue, name in enumerate(("old", "new")):
+        with registered_kernels({"SpyConv": (conv, fixed_cycles(100))}, writes_into=True,
+                                prepare=counting(name)):
+            sides = sides or simulated_and_replayed(2)  # loaded once, with the first kernel
+            before = dict(runs)
+            for _ in range(8):
+                feeds = [r.standard_normal(SHAPE).astype(np.float32),
+                         r.standard_normal((4, 4, 3, 3)).astype(np.float32)]
+                (want,) = sides[0].run(feeds, queue=queue)
+                (got,) = sides[1].run(feeds, queue=queue)
+                assert got.tobytes() == want.tobytes()
+            assert runs[name] > before[name]
+            assert runs["old" if name == "new" else "new"] == before["old" if name == "new"
+                                                                    else "new"]
