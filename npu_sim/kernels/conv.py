@@ -285,7 +285,7 @@ def bands(m: int, rows: int, win: Window) -> list[int]:
     OpenBLAS's Haswell sgemm sums a product cut by columns in another order than the whole
     (:data:`.blas.KERNELS`), so the bands are part of the arithmetic: they depend on the shape
     alone, never on the host's cores or on the path that runs the launch, and every path runs
-    the same bands. Split over the cores (:mod:`.conv_parts`), each band unfolds, multiplies
+    the same bands. Split over the cores (:mod:`.conv_bands`), each band unfolds, multiplies
     and finishes on its own thread, where a split by output channels would pack the whole
     unfolded matrix in each part; with a quarter as many pixels as channels (ResNet-50's 7x7
     layers) the weights are the larger operand, and rows split better."""
