@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..epilogue import Step
+from ..errors import KernelError
 from . import blas, cores
 from .bias_fused import FusedLoop
 from .conv import Window, as5d, bands, direct_fits, pointwise, scratch, unfolder
@@ -66,7 +67,8 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
             with np.errstate(all="ignore"):  # inf/NaN inputs give inf/NaN, not warnings
                 np.matmul(w2, cols, out=tile[0])
                 if fused is not None:
-                    fused(tile, b)  # float32 and contiguous: it applies
+                    if not fused(tile, b):  # float32 and contiguous: it always applies
+                        raise KernelError("Conv", "", f"the fused bias loop refused band {k}")
                 elif bias is not None:
                     np.add(tile[0], bias, out=tile[0])  # as conv.add_bias adds it
             y[i, :, r0 * width:r1 * width] = tile[0]
