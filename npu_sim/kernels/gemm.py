@@ -178,12 +178,8 @@ def prepare_gemm(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
     steps = decode("Gemm", attrs)
     dtype = np.dtype(np.float32)
 
-    def run() -> list[np.ndarray]:
-        y = blas.matmul(a32, b32, out=into)
-        if alpha != 1.0:
-            y *= alpha
-        if c is not None:  # read each call: C may be any tensor of the program
-            y += c if beta == 1.0 else beta * c
+    def run() -> list[np.ndarray]:  # C read each call: it may be any tensor of the program
+        y = _product(a32, b32, c, alpha, beta, into)
         return [landed(into, finish(y, attrs, dtype, "Gemm", inputs, steps))]
 
     return run
@@ -195,14 +191,20 @@ def gemm(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
     """ONNX Gemm: ``alpha * A' @ B' + beta * C`` with optional transposes and broadcast C;
     ``out``: see :attr:`.registry.Kernel.writes_into`."""
     a32, b32, c, alpha, beta, into = _gemm_operands(inputs, attrs, out)
-    dtype = np.dtype(inputs[0].dtype)
+    c32 = None if c is None else to_compute("Gemm", "C", c)
+    y = _product(a32, b32, c32, alpha, beta, into)
+    return [landed(into, finish(y, attrs, np.dtype(inputs[0].dtype), "Gemm", inputs))]
+
+
+def _product(a32: np.ndarray, b32: np.ndarray, c32: np.ndarray | None, alpha: np.float32,
+             beta: np.float32, into: np.ndarray | None) -> np.ndarray:
+    """``alpha * a32 @ b32 + beta * c32`` in float32, into ``into`` when given."""
     y = blas.matmul(a32, b32, out=into)
     if alpha != 1.0:
         y *= alpha
-    if c is not None:
-        c32 = to_compute("Gemm", "C", c)
+    if c32 is not None:
         y += c32 if beta == 1.0 else beta * c32
-    return [landed(into, finish(y, attrs, dtype, "Gemm", inputs))]
+    return y
 
 
 def _gemm_operands(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
