@@ -262,12 +262,6 @@ def unfolder(x: np.ndarray, win: Window) -> Callable[[np.ndarray, int, int], Non
     return fill_view
 
 
-def im2col(x: np.ndarray, win: Window, cols: np.ndarray) -> None:
-    """Unfold one image ``x`` (C, D, H, W) into ``cols`` (C*KD*KH*KW, OD*OH*OW) whole
-    (:func:`unfolder`)."""
-    unfolder(x, win)(cols, 0, ((1,) * (MAX_SPATIAL - len(win.out)) + win.out)[1])
-
-
 #: A convolution unfolds and multiplies its output rows in :data:`BANDS` bands when it has at
 #: least :data:`BAND_MACS` multiply-adds and at least half as many output pixels as output
 #: channels (:func:`bands`).
@@ -548,12 +542,12 @@ def prepare_conv(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
     gather = None
     if in_place:  # x's columns and the output's rows as views of fixed arrays, made once
         check_elements("Conv", "output", into.shape)
-        columns = pointwise_columns(as5d(x), win)
+        pixels = pointwise_pixels(as5d(x), win)
+        columns = [image.reshape(x.shape[1], -1) for image in pixels]
         rows = into.reshape(into.shape[0], into.shape[1], -1)
         if not all(np.shares_memory(c, x) for c in columns):
             # strided pixels: gathered each call into a buffer made once (the same elements
             # a copy made per call would hold), whose images are the columns
-            pixels = pointwise_pixels(as5d(x), win)
             gathered = np.empty(pixels.shape, x.dtype)
             columns = [image.reshape(x.shape[1], -1) for image in gathered]
             gather = functools.partial(np.copyto, gathered, pixels)

@@ -50,7 +50,8 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
     (a residual), perhaps then a Relu, with no fused activation (:class:`.conv_parts.Tail`).
     It returns False (nothing written) when this run's values rule it out (non-finite
     depthwise weights): the caller then runs the general path.
-    ``columns`` are a 1x1 convolution's pixel columns when they are views of its input, and
+    ``columns`` are a 1x1 convolution's pixel columns when they are views made once (of its
+    input, or of the buffer its strided pixels are gathered into), and
     ``steps`` the decoded epilogue (:func:`.conv.prepare_conv` made both)."""
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None

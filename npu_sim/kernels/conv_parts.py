@@ -80,7 +80,8 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
     :data:`DEPTHWISE_WORK`) of work. The function returns False (nothing written) when this
     run's values rule the split out (non-finite depthwise weights): the caller runs it whole.
     ``steps`` is the launch's decoded epilogue, ``columns`` a 1x1 convolution's pixel columns
-    when they are views of its input (:func:`.conv.prepare_conv` made both)."""
+    when they are views of its input or of the buffer its strided pixels are gathered into
+    each run (:func:`.conv.prepare_conv` made both, and gathers before the run)."""
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     # prepare_conv gives an ``into`` only for a float32 output, and X, W and B share its dtype
@@ -191,8 +192,9 @@ def _pointwise(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
                columns: list[np.ndarray] | None, y: np.ndarray) -> Part | None:
     """Part ``(image, lo, hi)`` of a 1x1 convolution: weight rows ``lo..hi`` (times the input
     scale, into a buffer of the launch's own, as :func:`.conv._scaled_weights` multiplies) times
-    the image's pixel ``columns``, when those are views of ``x`` (None: strided pixels, gathered
-    into a copy made per run) and the scale is one float32 per input channel."""
+    the image's pixel ``columns``, when there are such views made once (of ``x``, or of the
+    buffer :func:`.conv.prepare_conv` gathers strided pixels into) and the scale is one float32
+    per input channel."""
     if columns is None:
         return None
     w = inputs[1]

@@ -1,14 +1,13 @@
 """Kernel helper: the im2col unfold of a convolution with long strided output rows, in numba.
 
-:func:`npu_sim.kernels.conv.im2col` pads the image and copies one strided view of it; for an
+:func:`npu_sim.kernels.conv.unfolder` pads the image and copies one strided view of it; for an
 image stem (3 channels of 224x224, stride 2) the pad is a whole extra pass, and the stride-2
-copy gathers every other element. :func:`unfold` instead splits each input row once into its
-``stride`` phases (every ``stride``-th element from offset ``p``), so that each kernel tap's
-output row is one contiguous copy from a phase, and zero-fills the out-of-bounds head and tail
-of each row, bounds computed per row rather than tested per element: there is no padded copy.
-The values are the same elements, so the bits of the convolution do not change. The phase
-split (:func:`phases`) is made once per image and each band of output rows filled from it
-(:func:`fill`).
+copy gathers every other element. Here instead :func:`phases` splits each input row once into
+its ``stride`` phases (every ``stride``-th element from offset ``p``), once per image, and
+:func:`fill` writes a band of output rows from them: each kernel tap's output row is one
+contiguous copy from a phase, with the out-of-bounds head and tail zero-filled, bounds computed
+per row rather than tested per element: there is no padded copy. The values are the same
+elements, so the bits of the convolution do not change.
 """
 
 from __future__ import annotations
@@ -27,8 +26,8 @@ MIN_ROW = 56
 
 def fits(dtype: np.dtype, stride_w: int, out_w: int) -> bool:
     """Whether a convolution's unfold (width stride ``stride_w``, output width ``out_w``) runs
-    in :func:`unfold` rather than as a pad and a strided numpy copy (float32 and float64 only:
-    numba has no float16 arrays)."""
+    from its phases (:func:`phases`, :func:`fill`) rather than as a pad and a strided numpy
+    copy (float32 and float64 only: numba has no float16 arrays)."""
     return dtype in (np.float32, np.float64) and stride_w > 1 and out_w >= MIN_ROW
 
 

@@ -21,7 +21,7 @@ from kernels import (
 from npu_sim.epilogue import Step, encode
 from npu_sim.errors import KernelError
 from npu_sim.kernels import blas, conv, conv_bands, unfold
-from npu_sim.kernels.conv import bands, geometry, im2col, prepare_conv, unfolder
+from npu_sim.kernels.conv import bands, geometry, prepare_conv, unfolder
 
 SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e30, -1e30]
 FUSED = [{}, {"activation": "Relu"}, encode([Step("Sigmoid", gate=True)])]
@@ -68,8 +68,9 @@ def test_a_band_of_the_unfold_is_those_rows_of_the_whole_unfold(c, h, w_, k, s, 
     band = np.full((c * k * k, (r1 - r0) * ow), np.nan, np.float32)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(unfold, "fits", lambda *a: numba)
-        im2col(x, win, whole)
-        unfolder(x, win)(band, r0, r1)
+        fill = unfolder(x, win)
+        fill(whole, 0, oh)
+        fill(band, r0, r1)
     np.testing.assert_array_equal(band, whole.reshape(-1, oh, ow)[:, r0:r1].reshape(band.shape))
 
 
