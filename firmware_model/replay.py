@@ -176,9 +176,8 @@ def shared_steps(loaded: LoadedProgram) -> list[_Step]:
     were prepared with)."""
     kernels = tuple(registry.lookup(launch.op, launch.node)
                     for launch in loaded.program.launches)
-    held = loaded.prepared
-    if held is None or len(held[0]) != len(kernels) or \
-            any(a is not b for a, b in zip(held[0], kernels, strict=True)):
+    held = loaded.prepared  # the same launches: the program's, which never change
+    if held is None or any(a is not b for a, b in zip(held[0], kernels, strict=True)):
         held = loaded.prepared = (kernels, _steps(loaded))
     return held[1]
 
