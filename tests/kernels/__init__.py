@@ -231,3 +231,16 @@ def resnet_block_end(seed: int, n: int, c: int, m: int, h: int, stride: int, rel
     attrs = {"group": 1, "kernel_shape": (1, 1), "strides": (stride, stride),
              **encode([Step("Add", operand=3)] + ([Step("Relu")] if relu else []))}
     return [x, w, b, r], attrs, out
+
+
+def non_finite_depthwise_case() -> tuple[list[np.ndarray], dict[str, Any], tuple[int, ...]]:
+    """A 3x3 depthwise convolution on phase-split planes with a SiLU gate: its inputs (X, W,
+    B), attributes and output shape, for the tests that then set a weight to inf after
+    planning."""
+    from npu_sim.epilogue import Step, encode
+
+    x = random_array(1, (1, 4, 16, 16), np.float32)
+    w = random_array(2, (4, 1, 3, 3), np.float32)
+    b = random_array(3, (4,), np.float32)
+    attrs = {"group": 4, "pads": (1, 1, 1, 1), **encode([Step("Sigmoid", gate=True)])}
+    return [x, w, b], attrs, (1, 4, 16, 16)

@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import random_array, resnet_block_end, seeds, unprepared_conv, with_specials
+from kernels import (
+    non_finite_depthwise_case,
+    random_array,
+    resnet_block_end,
+    seeds,
+    unprepared_conv,
+    with_specials,
+)
 from npu_sim.epilogue import Step, encode
 from npu_sim.kernels import conv_lean, conv_parts
 from npu_sim.kernels.conv import prepare_conv
@@ -181,11 +188,9 @@ def test_what_the_lean_closures_leave_to_the_general_path() -> None:
 def test_non_finite_depthwise_weights_take_the_general_path() -> None:
     """Phase-split planes multiply the padding by the weights; with an inf weight the run goes
     the general way (the loop skipping padded taps), whose bits the lean launch then gives."""
-    x = random_array(1, (1, 4, 16, 16), np.float32)
-    w = random_array(2, (4, 1, 3, 3), np.float32)
-    b = random_array(3, (4,), np.float32)
-    attrs = {"group": 4, "pads": (1, 1, 1, 1), **encode([Step("Sigmoid", gate=True)])}
-    general, lean, (want, got), was = launches([x, w, b], attrs, (1, 4, 16, 16))
+    inputs, attrs, shape = non_finite_depthwise_case()
+    w = inputs[1]
+    general, lean, (want, got), was = launches(inputs, attrs, shape)
     assert was
     w[2, 0, 0, 0] = np.inf  # a value of this run, after planning
     with np.errstate(all="ignore"):

@@ -10,7 +10,14 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from ortref import run_ort
 
-from kernels import random_array, resnet_block_end, seeds, unprepared_conv, with_specials
+from kernels import (
+    non_finite_depthwise_case,
+    random_array,
+    resnet_block_end,
+    seeds,
+    unprepared_conv,
+    with_specials,
+)
 from npu_sim.epilogue import Step, decode, encode
 from npu_sim.kernels import blas, conv_parts
 from npu_sim.kernels.conv import as5d, pointwise, pointwise_columns, prepare_conv
@@ -198,11 +205,9 @@ def _window(x, w, attrs):
 def test_non_finite_depthwise_weights_run_the_launch_whole() -> None:
     """Phase-split planes multiply the padding by the weights; an inf weight there would make
     NaN where the loop skipping padded taps makes inf: that run goes whole."""
-    x = random_array(1, (1, 4, 16, 16), np.float32)
-    w = random_array(2, (4, 1, 3, 3), np.float32)
-    b = random_array(3, (4,), np.float32)
-    attrs = {"group": 4, "pads": (1, 1, 1, 1), **encode([Step("Sigmoid", gate=True)])}
-    whole, split, (want, got), _ = launches(x, w, b, attrs, (1, 4, 16, 16))
+    inputs, attrs, shape = non_finite_depthwise_case()
+    w = inputs[1]
+    whole, split, (want, got), _ = launches(*inputs, attrs, shape)
     w[2, 0, 0, 0] = np.inf  # a value of this run, after planning
     with np.errstate(all="ignore"):
         whole()
