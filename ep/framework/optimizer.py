@@ -35,12 +35,15 @@ from pathlib import Path
 
 import onnx
 import onnxruntime as ort
+from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
 from npu_sim.errors import KernelError
 from npu_sim.kernels import limits
 
 from ..errors import Fail
+from . import optimized_graphs
+from .optimized_graphs import GRAPHS, MISSING
 from .shapes import WEIGHT_BYTES, without_weights
 
 _STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
@@ -63,11 +66,29 @@ def optimize(model: onnx.ModelProto, level: int,
         return model
     light, weights = without_weights(model, WEIGHT_BYTES)
     generators = _hide_generated_weights(light)
+    shown = light.SerializeToString()
+    dims = dict(free_dims or {})
+    k = optimized_graphs.key(shown, dims)
+    written = GRAPHS.get(k)
+    if written is MISSING:
+        written = _optimized_by_onnxruntime(shown, dims)
+        GRAPHS.put(k, written)
+    if written is None:  # onnxruntime cannot load it: partition the model as given
+        return model
+    try:  # a new graph each time (_restore edits it); every initializer is inline
+        optimized = onnx.ModelProto.FromString(written)
+    except DecodeError:  # not a model: partition the model as given
+        return model
+    return _restore(optimized, model, weights, generators, in_place)
+
+
+def _optimized_by_onnxruntime(shown: bytes, free_dims: Mapping[str, int]) -> bytes | None:
+    """The serialized graph onnxruntime's basic optimization makes of the serialized model
+    ``shown``, with ``free_dims`` overridden; None when it cannot load it."""
     # A file, not a folder, and in memory where the system has a tmpfs: making and removing a
     # temporary folder on this machine's ext4 (mounted with discard) costs ~4 ms, a quarter of
     # a small model's session creation; a file there ~1.5 ms, in /dev/shm ~0.2 ms.
-    data = light.SerializeToString()
-    folder = _scratch_folder(len(data))
+    folder = _scratch_folder(len(shown))
     try:
         with tempfile.NamedTemporaryFile(prefix="npusim-opt-", suffix=".onnx", dir=folder,
                                          delete=False) as scratch:
@@ -81,17 +102,15 @@ def optimize(model: onnx.ModelProto, level: int,
         options.optimized_model_filepath = str(target)
         options.log_severity_level = 4
         options.intra_op_num_threads = 1
-        for dim, value in (free_dims or {}).items():
+        for dim, value in free_dims.items():
             options.add_free_dimension_override_by_name(dim, int(value))
         try:
-            ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-            # onnxruntime writes every initializer inline: no external data to look for.
-            optimized = onnx.ModelProto.FromString(target.read_bytes())
-        except Exception:  # onnxruntime cannot load it: partition the model as given
-            return model
+            ort.InferenceSession(shown, options, providers=["CPUExecutionProvider"])
+            return target.read_bytes()
+        except Exception:  # onnxruntime cannot load it
+            return None
     finally:
         target.unlink(missing_ok=True)
-    return _restore(optimized, model, weights, generators, in_place)
 
 
 def _scratch_folder(size: int) -> str | None:
