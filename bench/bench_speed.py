@@ -7,7 +7,10 @@ with the same thread count (intra-op threads = the cores this process may use, a
 OpenBLAS's pools):
 
 - functional run time, NpuSim / onnxruntime, outputs checked against onnxruntime's;
-- session creation from the source model, NpuSim / onnxruntime (median of ``--repeat``);
+- session creation from the source model, NpuSim / onnxruntime (median of ``--repeat``): a
+  model created again in a process, as sessions, instances and sweeps create it, which reuses
+  onnxruntime's optimized graph and the tile plans of the first creation; beside it, without a
+  target, the same with the optimized graph not kept (what a model's first session pays);
 - session creation from the EPContext model: the source median over the slowest of 9 loads;
 - timing-only runs (``functional=0``): the chain against onnxruntime, light_resnet50 in ms;
 - host memory: peak RSS growth over 100 functional runs of light_resnet50 after a warm-up.
@@ -41,6 +44,8 @@ import speed_models  # noqa: E402
 from figures import Figure, bench_main  # noqa: E402
 
 import ep  # noqa: E402
+from ep.framework import optimizer  # noqa: E402
+from ep.framework.optimized_graphs import OptimizedGraphs  # noqa: E402
 
 THREADS = len(os.sched_getaffinity(0))
 QUICK = ["--models", "chain,light_resnet50", "--repeat", "2"]
@@ -52,6 +57,10 @@ class Table:
 
     def __init__(self) -> None:
         self.figures: list[Figure] = []
+
+    def info(self, figure: str, value: float, *, unit: str = "x") -> None:
+        self.figures.append(figures.info("speed", figure, value, unit))
+        print(f"  {figure}: {figures.number(value, unit)} (no target)", flush=True)
 
     def add(self, figure: str, value: float, target: float, *, unit: str = "x",
             at_least: bool = False) -> None:
@@ -165,6 +174,18 @@ def bench_creation(name: str, path: Path, table: Table, repeat: int) -> None:
     t_ort = statistics.median(c[1] for c in creations)
     print(f"  creation: NpuSim {t_src * 1e3:.1f} ms, onnxruntime {t_ort * 1e3:.1f} ms")
     table.add(f"{name} creation from source / onnxruntime", t_src / t_ort, 2.0)
+    kept, optimizer.GRAPHS = optimizer.GRAPHS, OptimizedGraphs(entries=0)  # keeps nothing
+    try:
+        afresh = [paired_medians(lambda: ep.InferenceSession(str(path)),
+                                 lambda: ort_session(path), 1, 1) for _ in range(repeat)]
+    finally:
+        optimizer.GRAPHS = kept
+    t_new = statistics.median(c[0] for c in afresh)
+    t_ort = statistics.median(c[1] for c in afresh)
+    print(f"  creation, optimized graph not kept: NpuSim {t_new * 1e3:.1f} ms, "
+          f"onnxruntime {t_ort * 1e3:.1f} ms")
+    table.info(f"{name} creation from source, optimized graph not kept / onnxruntime",
+               t_new / t_ort)
     options = ep.SessionOptions()
     options.add_session_config_entry("ep.context_enable", "1")
     ep.InferenceSession(str(path), options)
