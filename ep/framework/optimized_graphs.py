@@ -10,24 +10,19 @@ overrides. A session of a model already created in this process (tests, instance
 parses the kept bytes instead; a model differing in any byte onnxruntime sees, a small constant
 or a name, is another key. The weights were never part of it: each session puts its own back.
 
-Bounded in entries and in bytes, safe to use from several threads (a lock around lookups and
-inserts; two threads may optimize the same bytes at once, and either result is kept), and
-emptied in a forked child, whose copy of the lock a parent's thread may have held.
+Bounded in entries and in bytes, safe to use from several threads and emptied in a forked
+child (:class:`~.lru.BoundedLru`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 
-Key = tuple[bytes, tuple[tuple[str, int], ...]]
+from .lru import BoundedLru
 
-MISSING = object()
-"""What :meth:`OptimizedGraphs.get` returns for a key it does not hold (None is a kept
-refusal)."""
+Key = tuple[bytes, tuple[tuple[str, int], ...]]
 
 
 def key(shown: bytes, free_dims: Mapping[str, int]) -> Key:
@@ -37,62 +32,12 @@ def key(shown: bytes, free_dims: Mapping[str, int]) -> Key:
                                                         for d, v in free_dims.items()))
 
 
-class OptimizedGraphs:
-    """An LRU of onnxruntime's serialized optimized graphs (or None: it refused the model) by
-    :func:`key`: at most ``entries`` of them and ``max_bytes`` of graphs; a graph larger than
-    ``max_bytes / 4`` is not kept."""
+class OptimizedGraphs(BoundedLru[Key, bytes | None]):
+    """onnxruntime's serialized optimized graphs (or None: it refused the model) by :func:`key`:
+    at most ``entries`` of them and ``max_bytes`` of graphs."""
 
     def __init__(self, entries: int = 32, max_bytes: int = 64 << 20) -> None:
-        self.entries = entries
-        self.max_bytes = max_bytes
-        self._lock = threading.Lock()
-        self.reset_after_fork()
-
-    def get(self, k: Key) -> bytes | None | object:
-        """The graph kept for ``k`` (then most recently used), or :data:`MISSING`."""
-        with self._lock:
-            found = self._items.get(k, MISSING)
-            if found is MISSING:
-                self.misses += 1
-            else:
-                self._items.move_to_end(k)
-                self.hits += 1
-            return found
-
-    def put(self, k: Key, graph: bytes | None) -> None:
-        """Keep ``graph`` for ``k``, dropping the least recently used beyond the bounds."""
-        size = len(graph or b"")
-        if size > self.max_bytes // 4:
-            return
-        with self._lock:
-            if k in self._items:
-                self._items.move_to_end(k)
-                return
-            self._items[k] = graph
-            self._bytes += size
-            while len(self._items) > self.entries or self._bytes > self.max_bytes:
-                _, old = self._items.popitem(last=False)
-                self._bytes -= len(old or b"")
-
-    def clear(self) -> None:
-        """Forget every graph (and the hit counts)."""
-        with self._lock:
-            self._clear()
-
-    def reset_after_fork(self) -> None:
-        """A new lock and no graphs (a forked child: a parent's thread may have held the lock
-        in the middle of a change)."""
-        self._lock = threading.Lock()
-        self._clear()
-
-    def _clear(self) -> None:
-        self._items: OrderedDict[Key, bytes | None] = OrderedDict()
-        self._bytes = 0
-        self.hits = self.misses = 0
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._items)
+        super().__init__(entries, max_bytes, lambda _, graph: len(graph or b""))
 
 
 GRAPHS = OptimizedGraphs()

@@ -43,7 +43,8 @@ from npu_sim.kernels import limits
 
 from ..errors import Fail
 from . import optimized_graphs
-from .optimized_graphs import GRAPHS, MISSING
+from .lru import MISSING
+from .optimized_graphs import GRAPHS
 from .shapes import WEIGHT_BYTES, without_weights
 
 _STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
@@ -69,7 +70,7 @@ def optimize(model: onnx.ModelProto, level: int,
     shown = light.SerializeToString()
     dims = dict(free_dims or {})
     k = optimized_graphs.key(shown, dims)
-    written = GRAPHS.get(k)
+    written = GRAPHS.lookup(k)
     if written is MISSING:
         written = _optimized_by_onnxruntime(shown, dims)
         GRAPHS.put(k, written)

@@ -17,16 +17,16 @@ The cache holds immutable values (strings, numbers, tuples, bytes, frozen record
 read-only ``MappingProxyType`` mappings, each launch's ``attrs`` among them), which every load
 of the same bytes shares, and never a view of a file, so a closed session's binary is unmapped
 as before. It is bounded in entries and in an estimate of the memory an entry holds
-(:func:`footprint`), and safe to use from several threads (a lock around lookups and inserts;
+(:func:`footprint`), and safe to use from several threads (:class:`~ep.framework.lru.BoundedLru`;
 two threads may decode the same bytes at once, and either result is kept).
 """
 
 from __future__ import annotations
 
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping
+
+from ep.framework.lru import MISSING, BoundedLru
 
 from . import binary_layout as L
 from .binary_records import Decoded
@@ -69,65 +69,19 @@ def footprint(k: Key) -> int:
     return FOOTPRINT_FACTOR * sum(len(part) for part in k if isinstance(part, bytes))
 
 
-class DecodedCache:
+class DecodedCache(BoundedLru[Key, Decoded]):
     """A small LRU of :class:`Decoded` by :func:`key`, at most ``entries`` of them and
     ``max_bytes`` of estimated memory (:func:`footprint`, key and decoded records: 64 MiB by
     default, so binaries with up to about 1.2 MiB of metadata each, 4 of them at least); a
     binary whose entry alone would exceed ``max_bytes / 4`` is not kept."""
 
     def __init__(self, entries: int = 8, max_bytes: int = 64 << 20) -> None:
-        self.entries = entries
-        self.max_bytes = max_bytes
-        self._items: OrderedDict[Key, Decoded] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
+        super().__init__(entries, max_bytes, lambda k, _: footprint(k))
 
     def get(self, k: Key) -> Decoded | None:
         """The decoded records of ``k``, if kept (then most recently used)."""
-        with self._lock:
-            found = self._items.get(k)
-            if found is None:
-                self.misses += 1
-                return None
-            self._items.move_to_end(k)
-            self.hits += 1
-            return found
-
-    def put(self, k: Key, decoded: Decoded) -> None:
-        """Keep ``decoded`` for ``k``, dropping the least recently used beyond the bounds."""
-        size = footprint(k)
-        if size > self.max_bytes // 4:
-            return
-        with self._lock:
-            if k in self._items:
-                self._items.move_to_end(k)
-                return
-            self._items[k] = decoded
-            self._bytes += size
-            while len(self._items) > self.entries or self._bytes > self.max_bytes:
-                old, _ = self._items.popitem(last=False)
-                self._bytes -= footprint(old)
-
-    def clear(self) -> None:
-        """Forget every entry (and the hit counts)."""
-        with self._lock:
-            self._items.clear()
-            self._bytes = 0
-            self.hits = self.misses = 0
-
-    def reset_after_fork(self) -> None:
-        """A new lock and no entries, for a forked child: a thread of the parent may have held
-        the lock (never released in the child) in the middle of changing the entries."""
-        self._lock = threading.Lock()
-        self._items = OrderedDict()
-        self._bytes = 0
-        self.hits = self.misses = 0
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._items)
+        found = self.lookup(k)
+        return None if found is MISSING else found
 
 
 DECODED = DecodedCache()

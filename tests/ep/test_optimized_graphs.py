@@ -23,7 +23,8 @@ from test_graph_optimizations import optimized_by_onnxruntime, shape_chain_model
 
 import ep
 from ep.framework import optimized_graphs, optimizer
-from ep.framework.optimized_graphs import MISSING, OptimizedGraphs
+from ep.framework.lru import MISSING
+from ep.framework.optimized_graphs import OptimizedGraphs
 from ep.framework.optimizer import optimize
 
 BASIC = int(ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
@@ -198,21 +199,21 @@ def test_the_cache_keeps_the_most_recently_used_within_its_entries():
     graphs = OptimizedGraphs(entries=2)
     graphs.put(key(1), b"a")
     graphs.put(key(2), b"b")
-    assert graphs.get(key(1)) == b"a"  # now the most recent
+    assert graphs.lookup(key(1)) == b"a"  # now the most recent
     graphs.put(key(3), None)  # a refusal is an entry too
-    assert graphs.get(key(2)) is MISSING
-    assert graphs.get(key(1)) == b"a" and graphs.get(key(3)) is None
+    assert graphs.lookup(key(2)) is MISSING
+    assert graphs.lookup(key(1)) == b"a" and graphs.lookup(key(3)) is None
     assert len(graphs) == 2
 
 
 def test_the_cache_keeps_within_its_bytes():
     graphs = OptimizedGraphs(entries=10, max_bytes=400)
     graphs.put(key(1), b"x" * 101)  # over a quarter of the budget: not kept
-    assert graphs.get(key(1)) is MISSING
+    assert graphs.lookup(key(1)) is MISSING
     for n in range(2, 7):
         graphs.put(key(n), b"y" * 100)
-    assert len(graphs) == 4 and graphs.get(key(2)) is MISSING
-    assert all(graphs.get(key(n)) == b"y" * 100 for n in range(3, 7))
+    assert len(graphs) == 4 and graphs.lookup(key(2)) is MISSING
+    assert all(graphs.lookup(key(n)) == b"y" * 100 for n in range(3, 7))
     graphs.clear()
     assert len(graphs) == 0 and graphs.hits == graphs.misses == 0
 
