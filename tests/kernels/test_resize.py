@@ -45,6 +45,40 @@ def test_nearest_matches_ort(case, seed, dtype):
     check_against_ort("Resize", [x, *rest], attrs, opset=19)
 
 
+def _ort_nearest(transform: str, nearest: str):
+    """onnxruntime's Resize of a (1, 1, 1, W) input by ``sizes``, both given per run: one
+    session for every length and size."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="nearest",
+                            coordinate_transformation_mode=transform, nearest_mode=nearest)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 1, "w"]),
+                      helper.make_tensor_value_info("sizes", TensorProto.INT64, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return lambda x, sizes: session.run(None, {"x": x, "sizes": sizes})[0]
+
+
+@pytest.mark.parametrize("nearest", ["round_prefer_ceil", "round_prefer_floor"])
+@pytest.mark.parametrize("transform", TRANSFORMS)
+def test_nearest_halves_match_ort_for_every_length_and_size(transform, nearest):
+    """Coordinates that are a half in exact arithmetic come out of float32 a little off it
+    (7 / (2/7) is 3.4999998): onnxruntime still rounds them as halves, and so must we. Every
+    input length and output size up to 32, the input's values its indices."""
+    theirs = _ort_nearest(transform, nearest)
+    attrs = {"mode": "nearest", "coordinate_transformation_mode": transform,
+             "nearest_mode": nearest}
+    for w in range(1, 33):
+        x = np.arange(w, dtype=F).reshape(1, 1, 1, w)
+        for out in range(1, 33):
+            sizes = np.array([1, 1, 1, out], np.int64)
+            ours = run_kernel("Resize", [x, EMPTY, None, sizes], attrs)[0]
+            np.testing.assert_array_equal(ours, theirs(x, sizes), err_msg=f"{w} -> {out}")
+
+
 @settings(max_examples=40, deadline=None)
 @given(case=resize_case("linear"), seed=seeds, dtype=st.sampled_from(FLOATS))
 def test_linear_matches_ort(case, seed, dtype):
