@@ -19,6 +19,7 @@ depends on wall-clock time: the same calls always give the same cycles.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,6 +59,7 @@ class Device:
         self.host_map = HostMap()
         self.dma = DmaEngine(self.env, config, self.hbm, self.host_map, self.trace)
         self.compute = Compute(self.env, config, self.hbm, self.trace)
+        weakref.finalize(self, _forget_schedule, self.env, self.dma)
 
     def __repr__(self) -> str:
         return f"Device(id={self.id}, config={self.config.name!r}, now={self.now})"
@@ -265,3 +267,14 @@ class Device:
         self.hbm.reset_stats()
         self.dma.reset_stats()
         self.compute.reset_stats()
+
+
+def _forget_schedule(env: simpy.Environment, dma: DmaEngine) -> None:
+    """A device nobody refers to any more never runs its clock again: drop the events still
+    scheduled on it and the upload chains still pending. simpy's environment refers to itself
+    (its bound ``process``, ``timeout``, ... are attributes), and a chain's arrivals refer to
+    the chain, so only the cyclic garbage collector would free them; what they hold (the DMA
+    engine, the HBM, the host mappings, the file mapping of a context binary's weights) then
+    goes at once with the device, not at some later collection."""
+    env._queue.clear()
+    dma.forget_pending()

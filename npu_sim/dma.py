@@ -33,6 +33,7 @@ transfer's event fails with a ``DmaFault`` (earlier chunks have landed, as on ha
 from __future__ import annotations
 
 import math
+import weakref
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -192,6 +193,7 @@ class DmaEngine:
         self._channels.items.extend(range(config.dma_channels))
         self.links = {"link": simpy.Resource(env, 1), "hbm": simpy.Resource(env, 1)}
         self._transfer_no = 0
+        self._chains: weakref.WeakSet[UploadChain] = weakref.WeakSet()  # for forget_pending
         self.reset_stats()
 
     def reset_stats(self) -> None:
@@ -244,7 +246,15 @@ class DmaEngine:
         transfer (:class:`~npu_sim.dma_chain.UploadChain`)."""
         if not uploads:
             return []
-        return UploadChain(self, uploads, after).arrivals
+        chain = UploadChain(self, uploads, after)
+        self._chains.add(chain)
+        return chain.arrivals
+
+    def forget_pending(self) -> None:
+        """The engine's device is gone and its clock will never run again: every upload chain
+        still pending lets go of its arrivals and host bytes (:meth:`UploadChain.forget`)."""
+        for chain in list(self._chains):
+            chain.forget()
 
     def _start(self, move: Callable[[int, int], None], src: int, dst: int, nbytes: int,
                name: str, deps: Sequence[simpy.Event]) -> simpy.Event:

@@ -38,7 +38,7 @@ class UploadChain:
     docstring); :attr:`arrivals` are their arrival events, in order."""
 
     __slots__ = ("_engine", "_uploads", "_submit", "_after", "arrivals", "_landed_count",
-                 "_current", "_chunks", "_index", "_last")
+                 "_current", "_chunks", "_index", "_last", "__weakref__")
 
     def __init__(self, engine: DmaEngine, uploads: Sequence[tuple[np.ndarray, int, int, bool]],
                  after: simpy.Event | None) -> None:
@@ -64,6 +64,13 @@ class UploadChain:
         start.callbacks.append(self._first)
         start._ok, start._value = True, None
         env.schedule(start, URGENT)
+
+    def forget(self) -> None:
+        """Let go of the arrivals and the uploads (their host bytes) of a chain whose device is
+        gone: its arrivals' callbacks refer to the chain, which refers to them, a cycle that
+        otherwise keeps the engine, the HBM and the host mappings alive until the cyclic
+        garbage collector runs."""
+        self.arrivals, self._uploads = [], []
 
     def _first(self, _event: simpy.Event) -> None:
         """The first transfer's process starting: it waits for ``after``, if given. Here the

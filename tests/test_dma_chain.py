@@ -283,3 +283,29 @@ def test_contending_chains_take_the_per_copy_turns(sizes, channels, chunk, waite
     process every event in the per-copy order, which same-cycle contention makes visible."""
     args = (sizes, channels, chunk, waiters, free_at, late_after, early)
     assert contended(chained, *args) == contended(per_copy, *args)
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_a_device_dropped_with_uploads_pending_lets_go_of_their_host_bytes(share):
+    """A device nobody refers to never runs its clock again: the chains still pending on it
+    release their arrivals and host bytes with it, not at a later cyclic collection (their
+    arrivals' callbacks refer to them, which refer to the arrivals)."""
+    import gc
+    import weakref
+
+    dev = Device(SMALL)
+    host = np.arange(3 * 4096, dtype=np.uint8)
+    if share:
+        host.flags.writeable = False  # immutable bytes: HBM may refer to them
+    gone = weakref.ref(host)
+    buf = dev.malloc(host.size)
+    arrivals = dev.memcpy_h2d_chain(buf, [(host, 0)], share=share)
+    assert not arrivals[0].processed  # never simulated
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del dev, buf, arrivals, host
+        assert gone() is None, "the pending upload kept its host bytes until a collection"
+    finally:
+        if enabled:
+            gc.enable()
