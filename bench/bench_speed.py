@@ -167,25 +167,27 @@ def bench_runs(name: str, path: Path, feeds: dict[str, np.ndarray], table: Table
         memory(npu, feeds, table)
 
 
+def creation_medians(path: Path, repeat: int, label: str) -> tuple[float, float]:
+    """Median seconds of creating a NpuSim and an onnxruntime session of ``path``, ``repeat``
+    pairs, printed under ``label``."""
+    pairs = [paired_medians(lambda: ep.InferenceSession(str(path)),
+                            lambda: ort_session(path), 1, 1) for _ in range(repeat)]
+    t_npu = statistics.median(c[0] for c in pairs)
+    t_ort = statistics.median(c[1] for c in pairs)
+    print(f"  {label}: NpuSim {t_npu * 1e3:.1f} ms, onnxruntime {t_ort * 1e3:.1f} ms")
+    return t_npu, t_ort
+
+
 def bench_creation(name: str, path: Path, table: Table, repeat: int) -> None:
-    creations = [paired_medians(lambda: ep.InferenceSession(str(path)),
-                                lambda: ort_session(path), 1, 1) for _ in range(repeat)]
-    t_src = statistics.median(c[0] for c in creations)
-    t_ort = statistics.median(c[1] for c in creations)
-    print(f"  creation: NpuSim {t_src * 1e3:.1f} ms, onnxruntime {t_ort * 1e3:.1f} ms")
+    t_src, t_ort = creation_medians(path, repeat, "creation")
     table.add(f"{name} creation from source / onnxruntime", t_src / t_ort, 2.0)
     kept, optimizer.GRAPHS = optimizer.GRAPHS, OptimizedGraphs(entries=0)  # keeps nothing
     try:
-        afresh = [paired_medians(lambda: ep.InferenceSession(str(path)),
-                                 lambda: ort_session(path), 1, 1) for _ in range(repeat)]
+        t_new, t_ort_new = creation_medians(path, repeat, "creation, optimized graph not kept")
     finally:
         optimizer.GRAPHS = kept
-    t_new = statistics.median(c[0] for c in afresh)
-    t_ort = statistics.median(c[1] for c in afresh)
-    print(f"  creation, optimized graph not kept: NpuSim {t_new * 1e3:.1f} ms, "
-          f"onnxruntime {t_ort * 1e3:.1f} ms")
     table.info(f"{name} creation from source, optimized graph not kept / onnxruntime",
-               t_new / t_ort)
+               t_new / t_ort_new)
     options = ep.SessionOptions()
     options.add_session_config_entry("ep.context_enable", "1")
     ep.InferenceSession(str(path), options)
