@@ -5,7 +5,9 @@ already in memory (:meth:`ContextBinary.from_bytes`, for EPContext embed mode). 
 the whole file before anything is used: magic, format and SDK versions, hardware architecture,
 header and section-table crc32s, the size, every section's bounds, alignment and CRC-32 (the
 weights' per block, from the WEIGHT_CHECKSUMS table, on a checksum thread while the records are
-decoded; with ``defer_weights`` until :meth:`ContextBinary.verify_weights`), the padding
+decoded; with ``defer_weights`` until :meth:`ContextBinary.verify_weights`; not again for a file
+whose weights were checked whole and whose status has not changed since,
+:mod:`~ep.npusim.verified_files`), the padding
 between parts, and every record of every program. Each count and
 length is checked against the bytes that remain *before* anything is allocated from it, so a
 corrupt or hostile file costs at most its own size in memory and time. Every failure raises
@@ -21,6 +23,7 @@ import contextlib
 import itertools
 import mmap
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -33,6 +36,7 @@ from . import binary_cache
 from . import binary_layout as L
 from .binary_records import Decoder
 from .external_weights import ExternalFiles, ExternalWeightFile, open_external
+from .verified_files import VERIFIED, FileIdentity
 from .version import FORMAT_VERSION, READABLE_MAJORS, SDK_VERSION, sdk_major
 from .weight_checks import BlockChecks, start_thread, weight_blocks
 
@@ -287,9 +291,13 @@ class ContextBinary:
                  expected_architecture: str | None = None,
                  expected_config_digest: str | None = None, source: str = "<bytes>",
                  external_folder: str | os.PathLike[str] | None = None,
-                 defer_weights: bool = False, _mapping: mmap.mmap | None = None) -> None:
+                 defer_weights: bool = False, _mapping: mmap.mmap | None = None,
+                 _file: tuple[FileIdentity, int] | None = None) -> None:
+        """``_file``: the identity of the file ``_mapping`` maps and the clock read before its
+        status was (:mod:`~ep.npusim.verified_files`)."""
         self.source = source
         self._checks: BlockChecks | None = None
+        self._file = _file  # recorded as verified once every weight block matched
         self._mapping = _mapping
         self._closed = False
         view = memoryview(data).cast("B").toreadonly()
@@ -312,7 +320,8 @@ class ContextBinary:
         # ``defer_weights``, while the caller goes on until verify_weights); a bad block is
         # reported first (checksums come before records): whatever fails once the checks run
         # waits for them.
-        checks = BlockChecks(view, blocks, _mapping)
+        if _file is None or not VERIFIED.trusted(_file[0]):
+            self._checks = BlockChecks(view, blocks, _mapping)
         try:
             if decoder is not None:
                 decoded = decoder.decode()
@@ -327,12 +336,11 @@ class ContextBinary:
                 referenced_bytes=decoded.referenced_bytes,
                 distinct_bytes=decoded.distinct_bytes, section_bytes=weights.length)
         except BaseException:
-            checks.wait()
+            self.verify_weights()
             raise
         if not defer_weights:
-            checks.wait()
+            self.verify_weights()
         self._programs = programs
-        self._checks = checks
 
     @classmethod
     def from_bytes(cls, data: bytes | bytearray | memoryview, *,
@@ -361,7 +369,9 @@ class ContextBinary:
         """
         try:
             with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
+                clock = time.time_ns()
+                status = os.fstat(f.fileno())
+                size = status.st_size
                 mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
         except OSError as exc:
             raise InvalidGraph(f"cannot open context binary {os.fspath(path)!r}: "
@@ -371,7 +381,7 @@ class ContextBinary:
                        expected_architecture=expected_architecture,
                        expected_config_digest=expected_config_digest,
                        external_folder=Path(path).parent, defer_weights=defer_weights,
-                       _mapping=mapping)
+                       _mapping=mapping, _file=(FileIdentity.of(status), clock))
         except BaseException:
             _release(mapping)
             raise
@@ -382,6 +392,9 @@ class ContextBinary:
         and so does every later call. Returns at once when nothing is pending."""
         if self._checks is not None:
             self._checks.wait()
+            if self._file is not None:
+                VERIFIED.record(*self._file)
+                self._file = None
 
     def graph_names(self) -> list[str]:
         """The graph names, in file order."""
