@@ -12,7 +12,7 @@ that was mapped) and the clock when that status was read. A later load skips the
 own file has the same identity *and* that identity is settled: both times lie more than
 :func:`margin` before the clock of the check. Any write, truncation, ``utime``, ``chmod`` or
 rename onto the path gives the file another status-change time (or another inode), which no
-one can set back; the margin covers the file system's timestamp granularity, within which a
+system call sets back (only moving the system clock back could repeat one); the margin covers the file system's timestamp granularity, within which a
 write just after the status was read could keep the same times (git's "racy" entries). A file
 checked while its times were that recent is checked again on every load until they are not.
 
