@@ -48,6 +48,7 @@ from figures import Figure, bench_main  # noqa: E402
 import ep  # noqa: E402
 from ep.framework import optimizer  # noqa: E402
 from ep.framework.optimized_graphs import OptimizedGraphs  # noqa: E402
+from ep.npusim.verified_files import VERIFIED  # noqa: E402
 
 THREADS = len(os.sched_getaffinity(0))
 QUICK = ["--models", "chain,light_resnet50", "--repeat", "2"]
@@ -198,10 +199,16 @@ def bench_creation(name: str, path: Path, table: Table, repeat: int) -> None:
     # about 250 ms due) is paid here, not inside whichever load comes next; full passes during
     # the loads are still counted and printed.
     gc.collect()
+    loads, checked = [], []
     with FullCollections() as full:
-        loads = [seconds(lambda: ep.InferenceSession(str(ctx))) for _ in range(9)]
-    print(f"  EPContext loads: {', '.join(f'{t * 1e3:.1f}' for t in loads)} ms "
-          f"({full.count} full collection(s) of the process among them)")
+        for _ in range(9):
+            misses = VERIFIED.misses
+            loads.append(seconds(lambda: ep.InferenceSession(str(ctx))))
+            checked.append(VERIFIED.misses > misses)
+    print(f"  EPContext loads: "
+          f"{', '.join(f'{t * 1e3:.1f}' + '*' * c for t, c in zip(loads, checked, strict=True))}"
+          f" ms (*: checked the weights; {full.count} full collection(s) of the process among "
+          "them)")
     table.add(f"{name} creation source / EPContext (slowest of 9)", t_src / max(loads), 10.0,
               at_least=True)
 

@@ -12,9 +12,10 @@ that was mapped) and the clock when that status was read. A later load skips the
 own file has the same identity *and* that identity is settled: both times lie more than
 :func:`margin` before the clock of the check. Any write, truncation, ``utime``, ``chmod`` or
 rename onto the path gives the file another status-change time (or another inode), which no
-system call sets back (only moving the system clock back could repeat one); the margin covers the file system's timestamp granularity, within which a
-write just after the status was read could keep the same times (git's "racy" entries). A file
-checked while its times were that recent is checked again on every load until they are not.
+system call sets back (only moving the system clock back could repeat one); the margin covers
+the file system's timestamp granularity, within which a write just after the status was read
+could keep the same times (git's "racy" entries). A file checked while its times were that
+recent is checked again on every load until they are not.
 
 What this trusts that a check on every load did not: that bytes do not change under an
 unchanged status. Writes through another process's shared writable mapping of the file update
@@ -71,7 +72,8 @@ def margin(identity: FileIdentity) -> int:
 class VerifiedFiles:
     """The identities of files whose weights matched their checksums, each with the clock
     (``time.time_ns()``) read just before its status was; at most ``entries`` of them, the least
-    recently used dropped first. Safe to use from several threads; a forked child starts empty
+    recently used dropped first; ``hits`` and ``misses`` count the files found trusted and not
+    since the last :meth:`clear`. Safe to use from several threads; a forked child starts empty
     (:meth:`reset_after_fork`: a parent's thread may have held the lock)."""
 
     def __init__(self, entries: int = 1024) -> None:
@@ -79,13 +81,18 @@ class VerifiedFiles:
         self.reset_after_fork()
 
     def trusted(self, identity: FileIdentity) -> bool:
-        """Whether a file of ``identity`` was checked whole while its times were settled."""
+        """Whether a file of ``identity`` was checked whole while its times were settled
+        (counted in :attr:`hits` or :attr:`misses`)."""
         with self._lock:
             clock = self._kept.get(identity)
-            if clock is None:
-                return False
-            self._kept.move_to_end(identity)
-        return identity.settled(clock)
+            if clock is not None:
+                self._kept.move_to_end(identity)
+            found = clock is not None and identity.settled(clock)
+            if found:
+                self.hits += 1
+            else:
+                self.misses += 1
+            return found
 
     def record(self, identity: FileIdentity, clock_ns: int) -> None:
         """A file of ``identity``, its status read after ``clock_ns``, had every weight block
@@ -97,13 +104,18 @@ class VerifiedFiles:
                 self._kept.popitem(last=False)
 
     def clear(self) -> None:
+        """Forget every file (and the counts)."""
         with self._lock:
-            self._kept.clear()
+            self._clear()
 
     def reset_after_fork(self) -> None:
         """A new lock and nothing kept (also how a record starts)."""
         self._lock = threading.Lock()
+        self._clear()
+
+    def _clear(self) -> None:
         self._kept: OrderedDict[FileIdentity, int] = OrderedDict()
+        self.hits = self.misses = 0
 
     def __len__(self) -> int:
         return len(self._kept)

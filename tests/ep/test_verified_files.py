@@ -88,6 +88,7 @@ def test_a_settled_file_checked_whole_is_not_read_again(tmp_path, checks, later)
     load(path)
     load(path)
     assert len(checks) == 1
+    assert (VERIFIED.hits, VERIFIED.misses) == (2, 1)
 
 
 def test_a_file_whose_times_are_recent_is_checked_on_every_load(tmp_path, checks):
@@ -237,5 +238,6 @@ def test_a_load_succeeds_exactly_when_the_files_weights_are_intact(tmp_path, lat
 def test_a_forked_child_starts_with_an_empty_record():
     record = VerifiedFiles()
     record.record(FileIdentity(1, 2, 3, 4, 5), 10**12)
+    record.trusted(FileIdentity(1, 2, 3, 4, 5))
     record.reset_after_fork()
-    assert len(record) == 0 and verified_files.VERIFIED is VERIFIED
+    assert len(record) == 0 and record.hits == 0 and verified_files.VERIFIED is VERIFIED
