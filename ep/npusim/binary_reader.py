@@ -7,11 +7,11 @@ header and section-table crc32s, the size, every section's bounds, alignment and
 weights' per block, from the WEIGHT_CHECKSUMS table, on a checksum thread while the records are
 decoded; with ``defer_weights`` until :meth:`ContextBinary.verify_weights`; not again for a file
 whose weights were checked whole and whose status has not changed since,
-:mod:`~ep.npusim.verified_files`), the padding
-between parts, and every record of every program. Each count and
-length is checked against the bytes that remain *before* anything is allocated from it, so a
-corrupt or hostile file costs at most its own size in memory and time. Every failure raises
-:class:`ep.errors.InvalidGraph` saying what was wrong; nothing is unpickled or evaluated.
+:mod:`~ep.npusim.verified_files`), the padding between parts, and every record of every
+program. Each count and length is checked against the bytes that remain *before* anything is
+allocated from it, so a corrupt or hostile file costs at most its own size in memory and time.
+Every failure raises :class:`ep.errors.InvalidGraph` saying what was wrong; nothing is unpickled
+or evaluated.
 
 The weights of the returned programs are read-only memoryviews into the mapping (or into the
 given bytes): loading a binary copies no weights.
