@@ -8,6 +8,7 @@ forward in some tests (``later``) instead of sleeping past the margin.
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -170,6 +171,32 @@ def test_a_trusted_file_still_has_its_metadata_checked(tmp_path, later):
     later(1)
     with pytest.raises(InvalidGraph):
         load(path)
+
+
+def test_threads_loading_one_file_check_it_at_most_once_each(tmp_path, checks, later):
+    """Four real threads loading the same settled file: every load succeeds, and the file is
+    checked by at most one load per thread (those that began before any check ended)."""
+    path = tmp_path / "m.bin"
+    path.write_bytes(DATA)
+    later(1)
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def loads() -> None:
+        start.wait()
+        try:
+            for _ in range(10):
+                load(path)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loads) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert 1 <= len(checks) <= 4 and VERIFIED.hits == 40 - len(checks)
 
 
 def test_weights_given_as_bytes_are_checked_on_every_load(checks):
