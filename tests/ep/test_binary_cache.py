@@ -8,7 +8,6 @@ import dataclasses
 import gc
 import importlib
 import struct
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -19,6 +18,7 @@ from forking import finishes_after_fork, needs_fork
 from sizes import deep_size
 from test_binary import reseal, sample_programs, sections_of
 from test_weight_mapping import compile_ctx, mapped
+from threads import run_together
 
 import ep
 from ep.errors import InvalidGraph
@@ -238,26 +238,15 @@ def test_threads_loading_the_same_and_other_binaries_get_equal_programs(tmp_path
     programs = sample_programs()
     renamed = [Program(**{**vars(p), "name": p.name + "_x"}) for p in programs]
     write_context_binary(other, renamed, hardware_architecture="npu-m", config_digest=DIGEST)
-    errors: list[BaseException] = []
-    start = threading.Barrier(8)
 
     def work(k: int) -> None:
-        try:
-            start.wait()
-            for i in range(20):
-                path = other if (k + i) % 3 == 0 else paths[(k + i) % 2]
-                with ContextBinary.open(path) as binary:
-                    want = renamed if path == other else programs
-                    assert binary.programs() == want
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
+        for i in range(20):
+            path = other if (k + i) % 3 == 0 else paths[(k + i) % 2]
+            with ContextBinary.open(path) as binary:
+                want = renamed if path == other else programs
+                assert binary.programs() == want
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
+    run_together(work, 8)
     assert len(binary_cache.DECODED) == 2  # two distinct metadata: m0 and m1 are the same bytes
     # The checksum thread drops its last work item (the run's view) just after handing over
     # the result: once it has run another, it holds no view of any binary.

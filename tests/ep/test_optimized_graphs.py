@@ -8,7 +8,6 @@ own; the cache is bounded, thread-safe and empty in a forked child.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from graphgen import random_dags
 from hypothesis import HealthCheck, given, settings
 from onnx import TensorProto, helper, numpy_helper
 from test_graph_optimizations import optimized_by_onnxruntime, shape_chain_model, tied_model
+from threads import run_together
 
 import ep
 from ep.framework import optimized_graphs, optimizer
@@ -154,23 +154,12 @@ def test_sessions_of_a_model_created_again_give_onnxruntimes_values(shown):
 def test_threads_optimizing_one_model_get_the_same_graph(shown):
     model = shape_chain_model()
     results: list[bytes] = []
-    errors: list[BaseException] = []
-    start = threading.Barrier(4)
 
-    def work() -> None:
-        try:
-            start.wait()
-            for _ in range(5):
-                results.append(optimize(model, BASIC).SerializeToString())
-        except BaseException as e:  # noqa: BLE001 - reported by the test below
-            errors.append(e)
+    def work(_: int) -> None:
+        for _ in range(5):
+            results.append(optimize(model, BASIC).SerializeToString())
 
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_together(work, 4)
     assert len(results) == 20 and len(set(results)) == 1
     assert len(optimizer.GRAPHS) == 1 and 1 <= shown.calls <= 4
 

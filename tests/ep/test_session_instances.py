@@ -4,12 +4,12 @@ activations, all reading one device copy of the weights, run from many threads."
 from __future__ import annotations
 
 import gc
-import threading
 
 import numpy as np
 import onnx
 from npusim_graphs import model, ort_run, rng
 from onnx import TensorProto, helper
+from threads import run_together
 
 import ep
 
@@ -66,24 +66,13 @@ def test_eight_threads_on_a_session_and_its_instances_get_the_serial_results():
     feeds = [{"x": rng(100 + i).normal(0, 1, (8, 64)).astype(np.float32)} for i in range(8)]
     serial = [session.run(None, feed) for feed in feeds]
     results: dict[tuple[int, int], list[np.ndarray]] = {}
-    errors: list[BaseException] = []
-    start = threading.Barrier(8)
 
     def work(t: int) -> None:
-        try:
-            start.wait()
-            for r in range(6):
-                k = (t + r) % 8
-                results[(t, r)] = runners[(t + r) % len(runners)].run(None, feeds[k])
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+        for r in range(6):
+            k = (t + r) % 8
+            results[(t, r)] = runners[(t + r) % len(runners)].run(None, feeds[k])
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
+    run_together(work, 8)
     assert len(results) == 48
     for (t, r), outputs in results.items():
         for got, want in zip(outputs, serial[(t + r) % 8], strict=True):

@@ -8,12 +8,12 @@ forward in some tests (``later``) instead of sleeping past the margin.
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_binary_blocks import LARGE, packed, sections
+from threads import run_together
 
 from ep.errors import InvalidGraph
 from ep.npusim import binary_reader, verified_files
@@ -179,23 +179,12 @@ def test_threads_loading_one_file_check_it_at_most_once_each(tmp_path, checks, l
     path = tmp_path / "m.bin"
     path.write_bytes(DATA)
     later(1)
-    errors: list[BaseException] = []
-    start = threading.Barrier(4)
 
-    def loads() -> None:
-        start.wait()
-        try:
-            for _ in range(10):
-                load(path)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+    def loads(_: int) -> None:
+        for _ in range(10):
+            load(path)
 
-    threads = [threading.Thread(target=loads) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_together(loads, 4)
     assert 1 <= len(checks) <= 4 and VERIFIED.hits == 40 - len(checks)
 
 
