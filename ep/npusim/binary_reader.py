@@ -292,9 +292,10 @@ class ContextBinary:
                  expected_config_digest: str | None = None, source: str = "<bytes>",
                  external_folder: str | os.PathLike[str] | None = None,
                  defer_weights: bool = False, _mapping: mmap.mmap | None = None,
-                 _file: tuple[FileIdentity, int] | None = None) -> None:
+                 _file: tuple[FileIdentity, int] | None = None, _recheck: bool = False) -> None:
         """``_file``: the identity of the file ``_mapping`` maps and the clock read before its
-        status was (:mod:`~ep.npusim.verified_files`)."""
+        status was (:mod:`~ep.npusim.verified_files`); ``_recheck``: check the weights even if
+        that file is trusted."""
         self.source = source
         self._checks: BlockChecks | None = None
         self._file = _file  # recorded as verified once every weight block matched
@@ -320,7 +321,7 @@ class ContextBinary:
         # ``defer_weights``, while the caller goes on until verify_weights); a bad block is
         # reported first (checksums come before records): whatever fails once the checks run
         # waits for them.
-        if _file is None or not VERIFIED.trusted(_file[0]):
+        if _file is None or _recheck or not VERIFIED.trusted(_file[0]):
             self._checks = BlockChecks(view, blocks, _mapping)
         try:
             if decoder is not None:
@@ -358,14 +359,16 @@ class ContextBinary:
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, expected_architecture: str | None = None,
              expected_config_digest: str | None = None,
-             defer_weights: bool = False) -> ContextBinary:
+             defer_weights: bool = False, recheck: bool = False) -> ContextBinary:
         """Map the file at ``path`` read-only and validate it.
 
         ``expected_architecture`` / ``expected_config_digest``, when given, must equal what the
         binary was compiled for. ``defer_weights``: the weights' blocks may still be being
         checksummed on the thread when this returns; the caller must call
         :meth:`verify_weights` before the load it is part of succeeds, and may meanwhile only
-        place the weights, not compute with them.
+        place the weights, not compute with them. The weights of a file checked whole before
+        and unchanged since are not read again (:mod:`~ep.npusim.verified_files`) unless
+        ``recheck``.
         """
         try:
             with open(path, "rb") as f:
@@ -381,7 +384,8 @@ class ContextBinary:
                        expected_architecture=expected_architecture,
                        expected_config_digest=expected_config_digest,
                        external_folder=Path(path).parent, defer_weights=defer_weights,
-                       _mapping=mapping, _file=(FileIdentity.of(status), clock))
+                       _mapping=mapping, _file=(FileIdentity.of(status), clock),
+                       _recheck=recheck)
         except BaseException:
             _release(mapping)
             raise

@@ -210,9 +210,12 @@ Acquire = Callable[[Path, Iterable[str], Callable[[Path], ContextBinary]], Conte
 @dataclass
 class WeightChecks:
     """The binaries of one load whose weight blocks may still be being checksummed
-    (:meth:`ContextBinary.verify_weights`), each with the EPContext node that opened it."""
+    (:meth:`ContextBinary.verify_weights`), each with the EPContext node that opened it;
+    ``recheck``: check the weights of binary files checked whole before and unchanged since too
+    (the provider option ``weight_checks=always``)."""
 
     opened: list[tuple[str, ContextBinary]] = field(default_factory=list)
+    recheck: bool = False
 
     def wait(self) -> None:
         """Wait for every check; a bad block is the opening node's load error, as it would have
@@ -249,7 +252,8 @@ def _open(info: E.EpContextNode, folder: _Folder, config: DeviceConfig,
                 # A binary shared through the workspace outlives this load: verified whole.
                 return ContextBinary.open(target, expected_architecture=config.name,
                                           expected_config_digest=config.digest,
-                                          defer_weights=defer and acquire is None)
+                                          defer_weights=defer and acquire is None,
+                                          recheck=checks.recheck)
             opened[path] = opener(path) if acquire is None else acquire(path, wanted, opener)
             checks.opened.append((info.name, opened[path]))
         return opened[path]

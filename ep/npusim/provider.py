@@ -17,6 +17,10 @@ strings, as ONNX Runtime passes them (:data:`OPTION_KEYS`; docs/epcontext.md has
 ``external_weights_folder``  their folder, relative to the ``_ctx.onnx``'s (default ``weight``)
 ``weight_streaming``         ``"1"`` (default): a kernel starts once its own weights arrived;
                              ``"0"``: creation waits for every upload
+``weight_checks``            loading a context binary file: ``"changed"`` (default) checks
+                             its weights' CRC-32s unless the file was checked whole before and
+                             is unchanged since (:mod:`ep.npusim.verified_files`);
+                             ``"always"`` checks them on every load
 any other key                an integer: the value of the symbolic dimension of that name
                              (``{"batch": "1"}``); anything else is ``InvalidArgument``
 ===========================  ============================================================
@@ -77,7 +81,8 @@ from .shared import Staged, workspace
 from .version import SDK_VERSION
 
 OPTION_KEYS = ("device", "functional", "allocator", "external_weights",
-               "external_weights_folder", "weight_streaming", "cpu_nodes")
+               "external_weights_folder", "weight_streaming", "weight_checks", "cpu_nodes")
+WEIGHT_CHECKS = ("changed", "always")
 MOVED_TO_CPU = "moved to the CPU by the provider option cpu_nodes"
 
 
@@ -131,6 +136,11 @@ class NpuSimExecutionProvider(ExecutionProvider):
         self.external_mode = options.get("external_weights", "0")
         self.external_folder = options.get("external_weights_folder", DEFAULT_FOLDER)
         self.streaming = _flag("weight_streaming", options.get("weight_streaming", "1"))
+        self.weight_checks = options.get("weight_checks", "changed")
+        if self.weight_checks not in WEIGHT_CHECKS:
+            raise errors.InvalidArgument(f"NpuSimExecutionProvider option weight_checks="
+                                         f"{self.weight_checks!r}; valid: "
+                                         f"{', '.join(WEIGHT_CHECKS)}")
         self.cpu_nodes = frozenset(filter(None, (n.strip() for n in
                                                  options.get("cpu_nodes", "").split(","))))
         session = context.session_config
@@ -233,7 +243,7 @@ class NpuSimExecutionProvider(ExecutionProvider):
         # On a private runtime a binary's weights are checksummed on a thread while the
         # programs are placed; the load succeeds, or fails for anything else, only once they
         # are verified. On a shared runtime or the caller's device (or memory) they already are.
-        checks = npu_epcontext.WeightChecks()
+        checks = npu_epcontext.WeightChecks(recheck=self.weight_checks == "always")
         before = set(self.nodes)
         try:
             loaded: dict[str, Program] = {}

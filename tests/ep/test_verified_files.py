@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_binary_blocks import LARGE, packed, sections
+from test_epcontext_load import gen_options
+from test_session import X, mixed_model
 from threads import run_together
 
-from ep.errors import InvalidGraph
+import ep
+from ep.errors import InvalidArgument, InvalidGraph
 from ep.npusim import binary_reader, verified_files
 from ep.npusim.binary import ContextBinary
 from ep.npusim.verified_files import (
@@ -27,6 +32,7 @@ from ep.npusim.verified_files import (
     margin,
 )
 
+NPU = "NpuSimExecutionProvider"
 DATA = packed(LARGE)
 WEIGHTS_AT = sections(DATA)["weights"][1].offset
 
@@ -186,6 +192,32 @@ def test_threads_loading_one_file_check_it_at_most_once_each(tmp_path, checks, l
 
     run_together(loads, 4)
     assert 1 <= len(checks) <= 4 and VERIFIED.hits == 40 - len(checks)
+
+
+def _ctx_model(folder) -> str:
+    onnx.save(mixed_model(), folder / "m.onnx")
+    ep.InferenceSession(str(folder / "m.onnx"), gen_options())
+    return str(folder / "m_ctx.onnx")
+
+
+@pytest.mark.parametrize(("option", "checked"), [(None, 1), ("changed", 1), ("always", 3)])
+def test_the_provider_option_weight_checks(tmp_path, checks, later, option, checked):
+    """Sessions of one EPContext model: its binary is checked once by default, on every load
+    with ``weight_checks=always``; the outputs are the same either way."""
+    ctx = _ctx_model(tmp_path)
+    later(1)
+    options = {} if option is None else {"weight_checks": option}
+    outputs = [ep.InferenceSession(ctx, providers=[(NPU, options)]).run(None, {"x": X})[0]
+               for _ in range(3)]
+    assert len(checks) == checked
+    for got in outputs[1:]:
+        np.testing.assert_array_equal(got, outputs[0])
+
+
+def test_a_bad_weight_checks_option_names_the_valid_ones(tmp_path):
+    ctx = _ctx_model(tmp_path)
+    with pytest.raises(InvalidArgument, match=r"weight_checks='sometimes'; valid: changed, always"):
+        ep.InferenceSession(ctx, providers=[(NPU, {"weight_checks": "sometimes"})])
 
 
 def test_weights_given_as_bytes_are_checked_on_every_load(checks):
