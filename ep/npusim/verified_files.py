@@ -36,6 +36,11 @@ FINE_MARGIN_NS = 100_000_000
 """The margin on a file system with sub-second timestamps: 100 ms, ten times the longest clock
 tick Linux stamps file times with (10 ms at ``HZ=100``)."""
 
+STATUS_CHANGE_TIMES = os.name == "posix"
+"""Whether ``st_ctime_ns`` is the time of the file's last status change, which every write
+updates and no system call sets back. On Windows it is the creation time, and a file's times
+can be set back with ``os.utime``: nothing is trusted there, every load checks."""
+
 COARSE_MARGIN_NS = 2_000_000_000
 """The margin when a file's times are whole seconds (ext3, ext4 with small inodes, FAT's
 two-second steps): two seconds."""
@@ -82,12 +87,13 @@ class VerifiedFiles:
 
     def trusted(self, identity: FileIdentity) -> bool:
         """Whether a file of ``identity`` was checked whole while its times were settled
-        (counted in :attr:`hits` or :attr:`misses`)."""
+        (counted in :attr:`hits` or :attr:`misses`); never without
+        :data:`STATUS_CHANGE_TIMES`."""
         with self._lock:
             clock = self._kept.get(identity)
             if clock is not None:
                 self._kept.move_to_end(identity)
-            found = clock is not None and identity.settled(clock)
+            found = clock is not None and STATUS_CHANGE_TIMES and identity.settled(clock)
             if found:
                 self.hits += 1
             else:

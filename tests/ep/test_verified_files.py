@@ -220,6 +220,16 @@ def test_a_bad_weight_checks_option_names_the_valid_ones(tmp_path):
         ep.InferenceSession(ctx, providers=[(NPU, {"weight_checks": "sometimes"})])
 
 
+def test_without_status_change_times_every_load_checks(tmp_path, checks, later, monkeypatch):
+    monkeypatch.setattr(verified_files, "STATUS_CHANGE_TIMES", False)  # Windows' st_ctime
+    path = tmp_path / "m.bin"
+    path.write_bytes(DATA)
+    later(1)
+    for _ in range(3):
+        load(path)
+    assert len(checks) == 3
+
+
 def test_weights_given_as_bytes_are_checked_on_every_load(checks):
     for _ in range(2):
         ContextBinary.from_bytes(DATA).close()
