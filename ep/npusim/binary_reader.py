@@ -38,7 +38,7 @@ from .binary_records import Decoder
 from .external_weights import ExternalFiles, ExternalWeightFile, open_external
 from .verified_files import VERIFIED, FileIdentity
 from .version import FORMAT_VERSION, READABLE_MAJORS, SDK_VERSION, sdk_major
-from .weight_checks import BlockChecks, start_thread, weight_blocks
+from .weight_checks import BlockChecks, checksum_table, start_thread
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ def _parse_sections(view: memoryview, header: L.ContextHeader,
     copies: dict[int, bytes] = {}
     for i, entry in enumerate(sections):
         if entry.kind == L.SectionKind.WEIGHTS:
-            continue  # verified block by block, see _weight_blocks
+            continue  # verified block by block, see weight_checks.checksum_table
         body = view[entry.offset : entry.offset + entry.length]
         if entry.kind in binary_cache.METADATA:
             body = copies[i] = body.tobytes()
@@ -307,8 +307,8 @@ class ContextBinary:
         self.header, self.sections, by_kind, metadata = _read_table(
             view, expected_architecture, expected_config_digest)
         weights = by_kind[L.SectionKind.WEIGHTS]
-        blocks = weight_blocks(view, self.sections.index(weights), weights,
-                                by_kind[L.SectionKind.WEIGHT_CHECKSUMS])
+        table = checksum_table(view, self.sections.index(weights), weights,
+                               by_kind[L.SectionKind.WEIGHT_CHECKSUMS])
         weights_body = view[weights.offset : weights.offset + weights.length]
         key = binary_cache.key(self.header.format_version, metadata, weights.length)
         decoded = binary_cache.DECODED.get(key)
@@ -322,7 +322,7 @@ class ContextBinary:
         # reported first (checksums come before records): whatever fails once the checks run
         # waits for them.
         if _file is None or _recheck or not VERIFIED.trusted(_file[0]):
-            self._checks = BlockChecks(view, blocks, _mapping)
+            self._checks = BlockChecks(view, table.blocks(), _mapping)
         try:
             if decoder is not None:
                 decoded = decoder.decode()

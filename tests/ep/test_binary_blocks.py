@@ -251,8 +251,9 @@ def test_weights_that_change_between_reads_are_refused(verifier, monkeypatch):
                 data[weights.offset + 9] ^= 1
 
     monkeypatch.setattr(weight_checks, "_crc32_then_drop", changing)
-    first = weight_checks._runs(weight_checks.weight_blocks(
-        memoryview(bytes(data)), index, weights, sections(bytes(data))["weight_checksums"][1]))[0]
+    first = weight_checks._runs(weight_checks.checksum_table(
+        memoryview(bytes(data)), index, weights,
+        sections(bytes(data))["weight_checksums"][1]).blocks())[0]
     end = first[-1].end - weights.offset
     for defer in (False, True):
         with pytest.raises(InvalidGraph) as info:
