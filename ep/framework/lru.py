@@ -43,14 +43,17 @@ class BoundedLru(Generic[K, V]):
                 self.hits += 1
             return found
 
-    def put(self, k: K, value: V) -> None:
+    def put(self, k: K, value: V, merge: Callable[[V, V], V] | None = None) -> None:
         """Keep ``value`` for ``k``, dropping the least recently used beyond the bounds (a key
-        already kept keeps its value)."""
+        already kept keeps its value, or takes ``merge(kept, value)``; its size must not
+        change)."""
         size = self._size(k, value)
         if size > self.max_bytes // 4:
             return
         with self._lock:
             if k in self._items:
+                if merge is not None:
+                    self._items[k] = merge(self._items[k], value)
                 self._items.move_to_end(k)
                 return
             self._items[k] = value

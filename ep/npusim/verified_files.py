@@ -28,9 +28,9 @@ given as bytes (embed mode) have no identity and are checked on every load.
 from __future__ import annotations
 
 import os
-import threading
-from collections import OrderedDict
 from typing import NamedTuple
+
+from ep.framework.lru import MISSING, BoundedLru
 
 FINE_MARGIN_NS = 100_000_000
 """The margin on a file system with sub-second timestamps: 100 ms, ten times the longest clock
@@ -74,57 +74,33 @@ def margin(identity: FileIdentity) -> int:
     return COARSE_MARGIN_NS if whole else FINE_MARGIN_NS
 
 
-class VerifiedFiles:
+class VerifiedFiles(BoundedLru[FileIdentity, int]):
     """The identities of files whose weights matched their checksums, each with the clock
     (``time.time_ns()``) read just before its status was; at most ``entries`` of them, the least
-    recently used dropped first; ``hits`` and ``misses`` count the files found trusted and not
-    since the last :meth:`clear`. Safe to use from several threads; a forked child starts empty
-    (:meth:`reset_after_fork`: a parent's thread may have held the lock)."""
+    recently used dropped first (:class:`~ep.framework.lru.BoundedLru`: thread-safe, emptied
+    in a forked child). ``skipped`` counts the loads :meth:`trusted` spared a check since the
+    last :meth:`clear`."""
 
     def __init__(self, entries: int = 1024) -> None:
-        self.entries = entries
-        self.reset_after_fork()
+        super().__init__(entries, 4 * entries, lambda _, __: 1)
 
     def trusted(self, identity: FileIdentity) -> bool:
-        """Whether a file of ``identity`` was checked whole while its times were settled
-        (counted in :attr:`hits` or :attr:`misses`); never without
-        :data:`STATUS_CHANGE_TIMES`."""
+        """Whether a file of ``identity`` was checked whole while its times were settled; never
+        without :data:`STATUS_CHANGE_TIMES`."""
+        clock = self.lookup(identity)
+        found = clock is not MISSING and STATUS_CHANGE_TIMES and identity.settled(clock)
         with self._lock:
-            clock = self._kept.get(identity)
-            if clock is not None:
-                self._kept.move_to_end(identity)
-            found = clock is not None and STATUS_CHANGE_TIMES and identity.settled(clock)
-            if found:
-                self.hits += 1
-            else:
-                self.misses += 1
-            return found
+            self.skipped += found
+        return found
 
     def record(self, identity: FileIdentity, clock_ns: int) -> None:
         """A file of ``identity``, its status read after ``clock_ns``, had every weight block
         match. The latest clock is kept: an entry checked again later may be settled then."""
-        with self._lock:
-            self._kept[identity] = max(clock_ns, self._kept.get(identity, clock_ns))
-            self._kept.move_to_end(identity)
-            while len(self._kept) > self.entries:
-                self._kept.popitem(last=False)
-
-    def clear(self) -> None:
-        """Forget every file (and the counts)."""
-        with self._lock:
-            self._clear()
-
-    def reset_after_fork(self) -> None:
-        """A new lock and nothing kept (also how a record starts)."""
-        self._lock = threading.Lock()
-        self._clear()
+        self.put(identity, clock_ns, merge=max)
 
     def _clear(self) -> None:
-        self._kept: OrderedDict[FileIdentity, int] = OrderedDict()
-        self.hits = self.misses = 0
-
-    def __len__(self) -> int:
-        return len(self._kept)
+        super()._clear()
+        self.skipped = 0
 
 
 VERIFIED = VerifiedFiles()
