@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
-from kernel_fixtures import fixed_cycles, put, registered_kernels
 
 from npu_sim import Device, TensorSpec
 from npu_sim.errors import KernelError
+from tests.kernel_fixtures import fixed_cycles, put, registered_kernels
 
 SPEC = TensorSpec((256,), "float32")
 

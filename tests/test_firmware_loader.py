@@ -6,8 +6,6 @@ import dataclasses
 
 import numpy as np
 import pytest
-from kernel_fixtures import fixed_cycles, registered_kernels
-from ortref import run_ort
 
 from firmware_model import (
     Dma,
@@ -26,6 +24,8 @@ from firmware_model import (
 from npu_sim import DeviceConfig
 from npu_sim.device import Device
 from npu_sim.errors import DeviceFault, HbmOutOfMemory, InvalidCommand
+from tests.kernel_fixtures import fixed_cycles, registered_kernels
+from tests.ortref import run_ort
 
 SHAPE = (4, 16)
 NB = 4 * 16 * 4  # bytes of one float32 tensor of SHAPE

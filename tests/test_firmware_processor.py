@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_fixtures import registered_kernels
 
 from firmware_model import (
     Barrier,
@@ -29,6 +28,7 @@ from firmware_model import (
 )
 from npu_sim.device import Device
 from npu_sim.errors import ConfigError, DeviceFault, InvalidCommand, KernelError
+from tests.kernel_fixtures import registered_kernels
 
 TILE = 256  # bytes per test tensor (64 float32)
 

@@ -11,13 +11,13 @@ from types import MappingProxyType
 
 import numpy as np
 import pytest
-from forking import finishes_after_fork, needs_fork
 
 from firmware_model import commands as fc
 from firmware_model.program import KernelLaunch, Program, Region, TensorDesc, reloc
 from firmware_model.validate import MEMO, validate, validate_structure
 from npu_sim.errors import InvalidCommand
 from npu_sim.kernels import registry
+from tests.forking import finishes_after_fork, needs_fork
 
 V = importlib.import_module("firmware_model.validate")  # the module (the package exports the
 # function ``validate`` under the same name)

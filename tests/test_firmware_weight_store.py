@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ortref import run_ort
 
 from firmware_model import Firmware, KernelLaunch, Program, Region, TensorDesc
 from firmware_model.commands import Kernel, pack
 from npu_sim.device import Device
+from tests.ortref import run_ort
 
 SHAPE = (4, 16)
 NB = 4 * 16 * 4

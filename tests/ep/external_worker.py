@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import onnx
-from npusim_graphs import matmul_add
 
 import ep
+from tests.ep.npusim_graphs import matmul_add
 
 NPU = "NpuSimExecutionProvider"
 

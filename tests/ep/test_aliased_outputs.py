@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from npusim_graphs import model
 from onnx import TensorProto, helper
 
 import ep
+from tests.ep.npusim_graphs import model
 
 F = TensorProto.FLOAT
 W = np.arange(6, dtype=np.float32).reshape(2, 3)

@@ -14,11 +14,6 @@ from types import MappingProxyType
 
 import numpy as np
 import pytest
-from forking import finishes_after_fork, needs_fork
-from sizes import deep_size
-from test_binary import reseal, sample_programs, sections_of
-from test_weight_mapping import compile_ctx, mapped
-from threads import run_together
 
 import ep
 from ep.errors import InvalidGraph
@@ -29,6 +24,11 @@ from ep.npusim.binary_reader import remember
 from ep.npusim.binary_records import Decoded, Template
 from firmware_model.program import Program
 from firmware_model.validate import MEMO, validate_structure
+from tests.ep.test_binary import reseal, sample_programs, sections_of
+from tests.ep.test_weight_mapping import compile_ctx, mapped
+from tests.forking import finishes_after_fork, needs_fork
+from tests.sizes import deep_size
+from tests.threads import run_together
 
 V = importlib.import_module("firmware_model.validate")  # the module, not the function
 
@@ -256,7 +256,7 @@ def test_threads_loading_the_same_and_other_binaries_get_equal_programs(tmp_path
 
 
 def test_a_session_loaded_from_the_cache_releases_its_mapping(tmp_path):
-    from npusim_graphs import matmul_add, ort_run, random_feed
+    from tests.ep.npusim_graphs import matmul_add, ort_run, random_feed
 
     source = matmul_add(k=64, n=32, seed=3)
     ctx = compile_ctx(tmp_path, source)

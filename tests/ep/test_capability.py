@@ -7,13 +7,13 @@ import os
 import numpy as np
 import onnx
 import pytest
-from graphgen import random_dags
 from hypothesis import given, settings
 from onnx import TensorProto, helper, numpy_helper
 
 from ep.framework.graph import GraphView
 from ep.framework.partitioner import partition
 from ep.npusim.capability import SUPPORT_TABLE, check_node, get_npu_capability
+from tests.ep.graphgen import random_dags
 
 RESNET = os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/light/light_resnet50.onnx")
 

@@ -64,7 +64,7 @@ def test_compile_of_a_missing_model_is_one_line(tmp_path, capsys):
 
 def _shared_sources(folder):
     """a and b: the same weights under two graphs (b adds a Relu); c: its own weights."""
-    from npusim_graphs import matmul_add
+    from tests.ep.npusim_graphs import matmul_add
 
     models = {"a": matmul_add(seed=1), "b": matmul_add(act="Relu", seed=1),
               "c": matmul_add(k=8, n=4, seed=7)}
@@ -74,9 +74,8 @@ def _shared_sources(folder):
 
 
 def test_compile_share_writes_one_binary_with_weights_stored_once(tmp_path, capsys):
-    from npusim_graphs import ort_run, random_feed
-
     from ep.npusim.binary import ContextBinary
+    from tests.ep.npusim_graphs import ort_run, random_feed
 
     models = _shared_sources(tmp_path)
     argv = ["compile", str(tmp_path / "a.onnx"), "--share", str(tmp_path / "b.onnx"),

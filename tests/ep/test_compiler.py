@@ -14,10 +14,8 @@ import random
 import numpy as np
 import onnx
 import pytest
-from graphgen import random_dags, random_feeds
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from npusim_graphs import as_fused, conv_bn_relu, matmul_add, model, ort_run, residual_block
 from onnx import TensorProto, helper
 
 from ep import errors
@@ -28,6 +26,15 @@ from firmware_model.program import Program, Region
 from npu_sim import dtypes, kernels
 from npu_sim.config import DeviceConfig
 from npu_sim.cost import op_cost
+from tests.ep.graphgen import random_dags, random_feeds
+from tests.ep.npusim_graphs import (
+    as_fused,
+    conv_bn_relu,
+    matmul_add,
+    model,
+    ort_run,
+    residual_block,
+)
 
 F = TensorProto.FLOAT
 NPU_M = DeviceConfig.preset("npu-m")

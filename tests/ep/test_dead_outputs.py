@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from npusim_graphs import F, as_fused, model, ort_run
 from onnx import TensorProto, helper
 
 import ep
@@ -22,6 +21,7 @@ from ep.npusim.compiler import compile_partition
 from ep.npusim.compiler.ir import Node, SubGraph
 from ep.npusim.compiler.lower import lower
 from npu_sim.config import DeviceConfig
+from tests.ep.npusim_graphs import F, as_fused, model, ort_run
 
 NPU = "NpuSimExecutionProvider"
 CONFIG = DeviceConfig.preset("npu-m")

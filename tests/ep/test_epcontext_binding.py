@@ -10,12 +10,12 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, compose, helper
-from test_epcontext_load import ctx_nodes, gen_options, set_attr
 
 import ep
 from ep.framework import epcontext as E
 from ep.npusim.binary import ContextBinary, write_context_binary
 from ep.npusim.epcontext import recorded_digest
+from tests.ep.test_epcontext_load import ctx_nodes, gen_options, set_attr
 
 NPU = "NpuSimExecutionProvider"
 F = TensorProto.FLOAT

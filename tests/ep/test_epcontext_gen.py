@@ -11,13 +11,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
-from test_session import X, mixed_model
-from toy_ep import TOY, ToyExecutionProvider
 
 import ep
 from ep.framework import epcontext as E
 from ep.npusim.binary import ContextBinary
 from ep.npusim.version import SDK_VERSION
+from tests.ep.test_session import X, mixed_model
+from tests.ep.toy_ep import TOY, ToyExecutionProvider
 
 
 def options(**entries: str) -> ep.SessionOptions:

@@ -11,14 +11,14 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
-from test_binary_blocks import BLOCK, LARGE, packed, sections
-from test_session import X, mixed_model
-from toy_ep import ToyExecutionProvider
 
 import ep
 from ep.framework import epcontext as E
 from ep.npusim.binary import ContextBinary
 from ep.npusim.epcontext import WeightChecks
+from tests.ep.test_binary_blocks import BLOCK, LARGE, packed, sections
+from tests.ep.test_session import X, mixed_model
+from tests.ep.toy_ep import ToyExecutionProvider
 
 LIGHT = Path(onnx.__file__).parent / "backend/test/data/light/light_resnet50.onnx"
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from npusim_graphs import matmul_add, ort_run, random_feed
 
 import ep
 from ep.framework import epcontext as E
@@ -19,6 +18,7 @@ from ep.npusim import NpuSimExecutionProvider
 from ep.npusim.binary import ContextBinary
 from ep.npusim.shared import workspace
 from npu_sim import Device
+from tests.ep.npusim_graphs import matmul_add, ort_run, random_feed
 
 NPU = "NpuSimExecutionProvider"
 
@@ -413,7 +413,7 @@ def test_a_load_failing_after_a_node_was_placed_leaves_the_shared_device_as_it_w
     """Two EPContext nodes; the second one's input binding is wrong, so the load fails after
     the first node's program (and its weights) went onto the shared device: they are unloaded
     again, and nothing of the failed load is left queued on the device."""
-    from test_epcontext_load import X, npu_cpu_model
+    from tests.ep.test_epcontext_load import X, npu_cpu_model
 
     onnx.save(npu_cpu_model(), tmp_path / "m.onnx")
     gen = ep.SessionOptions()

@@ -13,9 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from npusim_graphs import as_fused, conv_bn_relu, matmul_add, model, ort_run, qdq_conv
 from onnx import TensorProto, helper
-from test_compiler import replay
 
 import ep
 from ep.npusim.compiler import compile_partition, rewrite
@@ -23,6 +21,8 @@ from firmware_model.commands import unpack
 from npu_sim.config import DeviceConfig
 from npu_sim.cost import op_cost
 from npu_sim.dtypes import TensorSpec
+from tests.ep.npusim_graphs import as_fused, conv_bn_relu, matmul_add, model, ort_run, qdq_conv
+from tests.ep.test_compiler import replay
 
 F, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
 NPU_M = DeviceConfig.preset("npu-m")

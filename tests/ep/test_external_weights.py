@@ -14,13 +14,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from external_worker import compile_models, shared_model
-from npusim_graphs import matmul_add, ort_run, random_feed
 
 import ep
 from ep.errors import InvalidArgument, InvalidGraph
 from ep.npusim import binary_layout as L
 from ep.npusim.binary import ContextBinary, pack_context
+from tests.ep.external_worker import compile_models, shared_model
+from tests.ep.npusim_graphs import matmul_add, ort_run, random_feed
 
 NPU = "NpuSimExecutionProvider"
 
@@ -255,7 +255,7 @@ def test_a_path_leaving_the_folder_is_refused(tmp_path):
 def test_a_binary_without_external_weights_reads_as_before(tmp_path):
     """A 2.2 binary with its weights inside is what 2.1 wrote plus the version: relabelled 2.1
     (an old binary) it still loads, and it has no EXTERNAL_WEIGHTS section."""
-    from test_binary import reseal, sample_programs
+    from tests.ep.test_binary import reseal, sample_programs
 
     data = bytearray(pack_context(sample_programs(), hardware_architecture="npu-m"))
     struct.pack_into("<H", data, 10, 1)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import onnx
 import pytest
-from test_epcontext_load import gen_options, npu_cpu_model
 
 import ep
 from ep.framework.files import atomic_write, remove_stale_temporaries, temp_prefix
+from tests.ep.test_epcontext_load import gen_options, npu_cpu_model
 
 
 def dead_pid() -> int:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from graphgen import random_dags
 from hypothesis import given, settings
 from onnx import TensorProto, helper, numpy_helper
 
 from ep.errors import InvalidGraph
 from ep.framework.graph import GraphView
+from tests.ep.graphgen import random_dags
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=17, value_info=()):

@@ -12,10 +12,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from test_epcontext_load import ctx_nodes, gen_options, npu_cpu_model, set_attr
 
 import ep
 from ep.framework import epcontext as E
+from tests.ep.test_epcontext_load import ctx_nodes, gen_options, npu_cpu_model, set_attr
 
 F = TensorProto.FLOAT
 

@@ -10,11 +10,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import helper
-from test_epcontext_load import npu_cpu_model
-from test_session import X, mixed_model
 
 import ep
 from ep.framework import epcontext as E
+from tests.ep.test_epcontext_load import npu_cpu_model
+from tests.ep.test_session import X, mixed_model
 
 
 def npu_options() -> ep.SessionOptions:

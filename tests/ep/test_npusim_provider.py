@@ -8,7 +8,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from npusim_graphs import (
+from onnx import TensorProto, helper
+
+from ep import errors
+from ep.framework.graph import GraphView
+from ep.framework.partitioner import partition
+from ep.framework.provider import ProviderContext
+from ep.npusim import NpuSimExecutionProvider
+from tests.ep.npusim_graphs import (
     as_fused,
     conv_bn_relu,
     matmul_add,
@@ -19,13 +26,6 @@ from npusim_graphs import (
     random_feed,
     residual_block,
 )
-from onnx import TensorProto, helper
-
-from ep import errors
-from ep.framework.graph import GraphView
-from ep.framework.partitioner import partition
-from ep.framework.provider import ProviderContext
-from ep.npusim import NpuSimExecutionProvider
 
 F = TensorProto.FLOAT
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
@@ -189,10 +189,9 @@ def test_wrong_input_count_is_invalid_argument():
 def test_run_stats_cover_every_npu_partition_of_the_run() -> None:
     """Two NPU partitions around a CPU node: the session's NPU stats are their sum, with each
     partition's own figures kept (only the last partition's used to be reported)."""
-    from test_epcontext_load import npu_cpu_model
-    from test_session import X
-
     import ep as ep_api
+    from tests.ep.test_epcontext_load import npu_cpu_model
+    from tests.ep.test_session import X
 
     session = ep_api.InferenceSession(npu_cpu_model().SerializeToString(),
                                       providers=["NpuSimExecutionProvider"])
@@ -215,10 +214,10 @@ def test_a_partial_run_executes_only_what_its_outputs_need() -> None:
     (Mul -> y), and Add -> NpuSim_1 (Tanh -> z). Asking for z runs CPU_0 and NpuSim_1 only:
     neither NpuSim_0 nor CPU_1 launches anything."""
     import onnxruntime as ort
-    from test_epcontext_load import npu_cpu_model
-    from test_session import X
 
     import ep as ep_api
+    from tests.ep.test_epcontext_load import npu_cpu_model
+    from tests.ep.test_session import X
 
     model = npu_cpu_model().SerializeToString()
     session = ep_api.InferenceSession(model, providers=["NpuSimExecutionProvider"])

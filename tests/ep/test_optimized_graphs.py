@@ -14,18 +14,22 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from forking import finishes_after_fork, needs_fork
-from graphgen import random_dags
 from hypothesis import HealthCheck, given, settings
 from onnx import TensorProto, helper, numpy_helper
-from test_graph_optimizations import optimized_by_onnxruntime, shape_chain_model, tied_model
-from threads import run_together
 
 import ep
 from ep.framework import optimized_graphs, optimizer
 from ep.framework.lru import MISSING
 from ep.framework.optimized_graphs import OptimizedGraphs
 from ep.framework.optimizer import optimize
+from tests.ep.graphgen import random_dags
+from tests.ep.test_graph_optimizations import (
+    optimized_by_onnxruntime,
+    shape_chain_model,
+    tied_model,
+)
+from tests.forking import finishes_after_fork, needs_fork
+from tests.threads import run_together
 
 BASIC = int(ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
 

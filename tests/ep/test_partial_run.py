@@ -7,12 +7,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from graphgen import random_dags, random_feeds
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 import ep
+from tests.ep.graphgen import random_dags, random_feeds
 
 NPU = "NpuSimExecutionProvider"
 

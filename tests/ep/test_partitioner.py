@@ -10,7 +10,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from graphgen import random_dags, random_feeds, reference_eval
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -28,6 +27,7 @@ from ep.framework.provider import (
     ProviderContext,
 )
 from ep.framework.tensors import check_model_tensors
+from tests.ep.graphgen import random_dags, random_feeds, reference_eval
 
 
 class NumpyCompiled(CompiledNode):

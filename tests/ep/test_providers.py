@@ -11,12 +11,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from test_epcontext_load import gen_options, npu_cpu_model
-from test_session import X, mixed_model
 
 import ep
 from ep.framework import registry
 from ep.npusim import NpuSimExecutionProvider
+from tests.ep.test_epcontext_load import gen_options, npu_cpu_model
+from tests.ep.test_session import X, mixed_model
 
 NPU, CPU = "NpuSimExecutionProvider", "CPUExecutionProvider"
 FRAMEWORK = Path(ep.__file__).parent / "framework"
@@ -38,7 +38,7 @@ def test_the_npu_registers_itself_ahead_of_the_cpu() -> None:
 
 
 def test_a_python_provider_registered_by_name_joins_like_the_npu(tmp_path: Path) -> None:
-    from toy_ep import TOY, ToyExecutionProvider
+    from tests.ep.toy_ep import TOY, ToyExecutionProvider
     registry.register_provider(TOY, ToyExecutionProvider, priority=50)
     try:
         onnx.save(mixed_model(), tmp_path / "m.onnx")

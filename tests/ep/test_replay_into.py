@@ -5,7 +5,6 @@ the simulation's, bit for bit, either way."""
 from __future__ import annotations
 
 import numpy as np
-from kernel_fixtures import fixed_cycles, registered_kernels
 
 from firmware_model import Firmware, Kernel, KernelLaunch, Program, TensorDesc, pack
 from firmware_model.program import Region
@@ -13,6 +12,7 @@ from npu_sim import DeviceConfig
 from npu_sim.device import Device
 from npu_sim.errors import KernelError
 from npu_sim.kernels.conv import conv, prepare_conv
+from tests.kernel_fixtures import fixed_cycles, registered_kernels
 
 CONFIG = DeviceConfig.preset("npu-m")
 SHAPE = (1, 4, 6, 6)

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from npusim_graphs import (
+from onnx import TensorProto, helper
+
+from ep.npusim.compiler import rewrite
+from ep.npusim.compiler.ir import SubGraph, contiguous, evaluate
+from tests.ep.npusim_graphs import (
     as_fused,
     conv_bn_relu,
     matmul_add,
@@ -19,10 +23,6 @@ from npusim_graphs import (
     random_feed,
     residual_block,
 )
-from onnx import TensorProto, helper
-
-from ep.npusim.compiler import rewrite
-from ep.npusim.compiler.ir import SubGraph, contiguous, evaluate
 
 F = TensorProto.FLOAT
 

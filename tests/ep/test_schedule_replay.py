@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import npusim_graphs as G
 import numpy as np
 import onnx
 import pytest
@@ -35,6 +34,7 @@ from firmware_model.program import Region
 from npu_sim import DeviceConfig
 from npu_sim.device import Device
 from npu_sim.errors import DeviceFault
+from tests.ep import npusim_graphs as G
 
 CONFIG = DeviceConfig.preset("npu-m")
 

@@ -10,13 +10,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from graphgen import random_dags
 from hypothesis import given, settings
 from onnx import TensorProto, helper, numpy_helper
-from toy_ep import TOY, ToyExecutionProvider
 
 import ep
 from ep.framework.options import DISABLE_MODEL_COMPILE
+from tests.ep.graphgen import random_dags
+from tests.ep.toy_ep import TOY, ToyExecutionProvider
 
 
 def mixed_model() -> onnx.ModelProto:

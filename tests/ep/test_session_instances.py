@@ -7,11 +7,11 @@ import gc
 
 import numpy as np
 import onnx
-from npusim_graphs import model, ort_run, rng
 from onnx import TensorProto, helper
-from threads import run_together
 
 import ep
+from tests.ep.npusim_graphs import model, ort_run, rng
+from tests.threads import run_together
 
 NPU = "NpuSimExecutionProvider"
 

@@ -14,10 +14,6 @@ import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_binary_blocks import LARGE, packed, sections
-from test_epcontext_load import gen_options
-from test_session import X, mixed_model
-from threads import run_together
 
 import ep
 from ep.errors import InvalidArgument, InvalidGraph
@@ -31,6 +27,10 @@ from ep.npusim.verified_files import (
     VerifiedFiles,
     margin,
 )
+from tests.ep.test_binary_blocks import LARGE, packed, sections
+from tests.ep.test_epcontext_load import gen_options
+from tests.ep.test_session import X, mixed_model
+from tests.threads import run_together
 
 NPU = "NpuSimExecutionProvider"
 DATA = packed(LARGE)

@@ -9,13 +9,13 @@ from collections import Counter
 import numpy as np
 import onnx
 import pytest
-from npusim_graphs import matmul_add, ort_run, random_feed
 
 import ep
 from ep.framework import epcontext as E
 from ep.npusim import binary_writer
 from ep.npusim.binary import ContextBinary
 from ep.npusim.epcontext import recorded_digest
+from tests.ep.npusim_graphs import matmul_add, ort_run, random_feed
 
 NPU = "NpuSimExecutionProvider"
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from npusim_graphs import conv_bn_relu, matmul_add, ort_run, random_feed
 
 import ep
 from ep.errors import InvalidGraph
 from npu_sim.hbm import Hbm
+from tests.ep.npusim_graphs import conv_bn_relu, matmul_add, ort_run, random_feed
 
 NPU = "NpuSimExecutionProvider"
 

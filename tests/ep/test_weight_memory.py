@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from npusim_graphs import matmul_add, ort_run, random_feed
 
 import ep
 from ep.errors import InvalidArgument
 from ep.framework.provider import ProviderContext
 from ep.npusim import NpuSimExecutionProvider
 from npu_sim import Device
+from tests.ep.npusim_graphs import matmul_add, ort_run, random_feed
 
 NPU = "NpuSimExecutionProvider"
 

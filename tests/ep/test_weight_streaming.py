@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from npusim_graphs import model, ort_run, rng
 from onnx import TensorProto, helper
 
 import ep
+from tests.ep.npusim_graphs import model, ort_run, rng
 
 NPU = "NpuSimExecutionProvider"
 

@@ -15,10 +15,10 @@ import numpy as np
 import onnxruntime
 from hypothesis import strategies as st
 from onnx.reference import ReferenceEvaluator
-from ortref import run_ort, single_node_model
 
 from npu_sim.errors import KernelError
 from npu_sim.kernels import lookup
+from tests.ortref import run_ort, single_node_model
 
 # Old opsets make onnxruntime log warnings per session; only errors matter to these tests.
 onnxruntime.set_default_logger_severity(3)

@@ -9,9 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import njit
-from ortref import run_ort
 
-from kernels import (
+from npu_sim.errors import KernelError
+from npu_sim.kernels.activations import (
+    ACTIVATIONS,
+    activation_params,
+    apply_activation,
+    clamp01,
+)
+from tests.kernels import (
     FLOATS,
     assert_matches,
     broadcastable,
@@ -22,13 +28,7 @@ from kernels import (
     seeds,
     shapes,
 )
-from npu_sim.errors import KernelError
-from npu_sim.kernels.activations import (
-    ACTIVATIONS,
-    activation_params,
-    apply_activation,
-    clamp01,
-)
+from tests.ortref import run_ort
 
 # op -> (opset, strategy of attributes)
 UNARY = {

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ortref import run_ort
 
-from kernels import random_array, run_kernel, seeds, with_specials
 from npu_sim.epilogue import Step, encode
 from npu_sim.kernels.activations import apply_activation
 from npu_sim.kernels.bias_fused import bias_residual, fused_bias_loop
 from npu_sim.kernels.conv import add_bias
 from npu_sim.kernels.gemm import finish
+from tests.kernels import random_array, run_kernel, seeds, with_specials
+from tests.ortref import run_ort
 
 SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 3.0, -3.0, 1e30, -1e30]
 FUSED = [{"activation": "Relu"}, {"activation": "Sigmoid"}, {"activation": "HardSigmoid"},

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from ortref import run_ort
 
-from kernels import FLOATS, assert_matches, check_against_ort, random_array, run_kernel, seeds
 from npu_sim.errors import KernelError
+from tests.kernels import FLOATS, assert_matches, check_against_ort, random_array, run_kernel, seeds
+from tests.ortref import run_ort
 
 
 @st.composite

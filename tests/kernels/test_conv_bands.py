@@ -10,7 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import (
+from npu_sim.epilogue import Step, encode
+from npu_sim.errors import KernelError
+from npu_sim.kernels import blas, conv, conv_bands, unfold
+from npu_sim.kernels.conv import bands, geometry, prepare_conv, unfolder
+from tests.kernels import (
     assert_matches,
     ort_reference,
     random_array,
@@ -18,10 +22,6 @@ from kernels import (
     unprepared_conv,
     with_specials,
 )
-from npu_sim.epilogue import Step, encode
-from npu_sim.errors import KernelError
-from npu_sim.kernels import blas, conv, conv_bands, unfold
-from npu_sim.kernels.conv import bands, geometry, prepare_conv, unfolder
 
 SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e30, -1e30]
 FUSED = [{}, {"activation": "Relu"}, encode([Step("Sigmoid", gate=True)])]

@@ -10,7 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import (
+from npu_sim.epilogue import Step, encode
+from npu_sim.kernels import conv_lean, conv_parts
+from npu_sim.kernels.conv import prepare_conv
+from tests.kernels import (
     non_finite_depthwise_case,
     random_array,
     resnet_block_end,
@@ -18,9 +21,6 @@ from kernels import (
     unprepared_conv,
     with_specials,
 )
-from npu_sim.epilogue import Step, encode
-from npu_sim.kernels import conv_lean, conv_parts
-from npu_sim.kernels.conv import prepare_conv
 
 EPILOGUES = [{}, {"activation": "Relu"}, encode([Step("Sigmoid", gate=True)]),
              encode([Step("HardSigmoid", gate=True, params=(1 / 6, 0.5))]),

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from ortref import run_ort
 
-from kernels import (
+from npu_sim.epilogue import Step, decode, encode
+from npu_sim.kernels import blas, conv_parts
+from npu_sim.kernels.conv import as5d, pointwise, pointwise_columns, prepare_conv
+from tests.kernels import (
     non_finite_depthwise_case,
     random_array,
     resnet_block_end,
@@ -18,9 +20,7 @@ from kernels import (
     unprepared_conv,
     with_specials,
 )
-from npu_sim.epilogue import Step, decode, encode
-from npu_sim.kernels import blas, conv_parts
-from npu_sim.kernels.conv import as5d, pointwise, pointwise_columns, prepare_conv
+from tests.ortref import run_ort
 
 #: Whether this host's BLAS kernel lets a GEMM split keep the bits (else 1x1 launches run whole).
 GEMMS_SPLIT = blas.kernel_split() is not None

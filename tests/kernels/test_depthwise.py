@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from kernels import check_against_ort, random_array, seeds
+from tests.kernels import check_against_ort, random_array, seeds
 
 
 @st.composite

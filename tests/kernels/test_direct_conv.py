@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import check_against_ort, random_array, seeds
 from npu_sim.kernels import conv
+from tests.kernels import check_against_ort, random_array, seeds
 
 
 @st.composite
@@ -77,7 +77,7 @@ def test_conv_integer_stem_is_exact_in_float64():
 @pytest.mark.parametrize("special", [np.inf, np.nan])
 def test_non_finite_weights_match_onnxruntime(special):
     """Padding is multiplied as zeros, as onnxruntime does: ``inf * 0`` is NaN at the border."""
-    from kernels import assert_matches, ort_reference, run_kernel
+    from tests.kernels import assert_matches, ort_reference, run_kernel
     x = random_array(9, (1, 3, 20, 20), np.float32, -1, 1)
     w = random_array(10, (4, 3, 3, 3), np.float32, -1, 1)
     w[1, 2, 0, 0] = special

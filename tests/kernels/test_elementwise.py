@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import (
+from npu_sim.errors import KernelError
+from tests.kernels import (
     BF16,
     FLOATS,
     broadcastable,
@@ -18,7 +19,6 @@ from kernels import (
     seeds,
     shapes,
 )
-from npu_sim.errors import KernelError
 
 INTS = tuple(np.dtype(t) for t in (np.int8, np.uint8, np.int32, np.int64))
 

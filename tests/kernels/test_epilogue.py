@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ortref import run_ort
 
-from kernels import random_array, run_kernel, seeds, with_specials
 from npu_sim.epilogue import Step, decode, encode
 from npu_sim.errors import KernelError
 from npu_sim.kernels.epilogue import apply_epilogue
+from tests.kernels import random_array, run_kernel, seeds, with_specials
+from tests.ortref import run_ort
 
 SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 3.0, -3.0, 1e30, -1e30]
 STEPS = [Step("Sigmoid", gate=True), Step("HardSigmoid", gate=True, params=(1 / 6, 0.5)),

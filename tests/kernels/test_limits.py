@@ -14,9 +14,9 @@ import re
 import numpy as np
 import pytest
 
-from kernels import check_against_ort, check_like_ort, run_kernel
 from npu_sim.errors import KernelError
 from npu_sim.kernels import limits
+from tests.kernels import check_against_ort, check_like_ort, run_kernel
 
 F32 = np.float32
 HUGE = 2**40  # elements: 4 TiB of float32

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import (
+from npu_sim.errors import KernelError
+from tests.kernels import (
     broadcastable,
     check_like_ort,
     random_array,
@@ -17,7 +18,6 @@ from kernels import (
     shapes,
     with_specials,
 )
-from npu_sim.errors import KernelError
 
 COMPARE = ("Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual")
 DTYPES = (np.float32, np.float16, np.int8, np.uint8, np.int32, np.int64)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 import ep
-from kernels import check_like_ort, random_array, seeds, shapes, with_specials
+from tests.kernels import check_like_ort, random_array, seeds, shapes, with_specials
 
 SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.5, 1.5, 2.5, -0.5, -2.5, 0.0], np.float32)
 

@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper
-from ortref import run_ort
 
 from npu_sim.kernels.activations import activation_params, apply_activation
 from npu_sim.kernels.host import MLAS_AVX512F
 from npu_sim.kernels.mlas import bias_sigmoid32, gelu32, sigmoid32, silu32
+from tests.ortref import run_ort
 
 # op, attributes, opset
 FUNCTIONS = [("Sigmoid", {}, 17), ("Tanh", {}, 17), ("Erf", {}, 17), ("Gelu", {}, 20),

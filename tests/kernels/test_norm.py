@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import (
+from npu_sim.errors import KernelError
+from tests.kernels import (
     FLOATS,
     broadcastable,
     check_against_ort,
@@ -16,7 +17,6 @@ from kernels import (
     seeds,
     shapes,
 )
-from npu_sim.errors import KernelError
 
 
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])

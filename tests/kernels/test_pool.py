@@ -7,9 +7,11 @@ import onnxruntime as ort
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from ortref import single_node_model
 
-from kernels import (
+from npu_sim.errors import KernelError
+from npu_sim.kernels.pool import _plane_means
+from npu_sim.kernels.registry import lookup
+from tests.kernels import (
     FLOATS,
     assert_matches,
     check_against_ort,
@@ -18,9 +20,7 @@ from kernels import (
     run_kernel,
     seeds,
 )
-from npu_sim.errors import KernelError
-from npu_sim.kernels.pool import _plane_means
-from npu_sim.kernels.registry import lookup
+from tests.ortref import single_node_model
 
 
 @st.composite

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from kernels import random_array, seeds
 from npu_sim.epilogue import Step, encode
 from npu_sim.errors import KernelError
 from npu_sim.kernels.registry import lookup
+from tests.kernels import random_array, seeds
 
 FUSED = [{}, {"activation": "Relu"}, encode([Step("HardSigmoid", gate=True)]),
          encode([Step("Sigmoid", gate=True)]), encode([Step("Add", operand=3)])]

@@ -19,7 +19,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from numpy.lib.stride_tricks import sliding_window_view
 
-from kernels import (
+from npu_sim.errors import KernelError
+from npu_sim.kernels import host
+from tests.kernels import (
     assert_matches,
     check_against_ort,
     ort_reference,
@@ -28,8 +30,6 @@ from kernels import (
     seeds,
     shapes,
 )
-from npu_sim.errors import KernelError
-from npu_sim.kernels import host
 
 F = np.float32
 INT8S = st.sampled_from([np.dtype(np.int8), np.dtype(np.uint8)])

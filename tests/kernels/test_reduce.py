@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import FLOATS, check_against_ort, random_array, run_kernel, seeds, shapes
 from npu_sim.errors import KernelError
+from tests.kernels import FLOATS, check_against_ort, random_array, run_kernel, seeds, shapes
 
 # op -> first opset with axes as an input
 OPS = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceMin": 18, "ReduceL2": 18}

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import FLOATS, check_against_ort, random_array, run_kernel, seeds
 from npu_sim.errors import KernelError
+from tests.kernels import FLOATS, check_against_ort, random_array, run_kernel, seeds
 
 F = np.float32
 EMPTY = np.zeros(0, F)

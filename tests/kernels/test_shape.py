@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import (
+from npu_sim.errors import KernelError
+from tests.kernels import (
     broadcastable,
     check_against_ort,
     check_like_ort,
@@ -18,7 +19,6 @@ from kernels import (
     seeds,
     shapes,
 )
-from npu_sim.errors import KernelError
 
 DTYPES = st.sampled_from([np.float32, np.float16, np.int8, np.uint8, np.int32, np.int64])
 I64 = np.int64

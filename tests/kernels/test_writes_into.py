@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ortref import run_ort
 
-from kernels import assert_matches, random_array, run_kernel
 from npu_sim.kernels.registry import lookup
+from tests.kernels import assert_matches, random_array, run_kernel
+from tests.ortref import run_ort
 
 CASES = {
     "conv_3x3_s2_hard_swish": ("Conv", (1, 3, 16, 16), (8, 3, 3, 3), (8,),

@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_fixtures import fixed_cycles, registered_kernels
 
 from npu_sim import Device, TensorSpec
 from npu_sim.config import DeviceConfig
 from npu_sim.trace import Recording, load, replay
 from npu_sim.trace.analysis import format_report, report
 from npu_sim.trace.control import engines_held
+from tests.kernel_fixtures import fixed_cycles, registered_kernels
 
 SPEC = TensorSpec((256,), "float32")
 SMALL_CHUNKS = DeviceConfig.preset("npu-m").replace(dma_chunk_bytes=8192)  # transfers of chunks
