@@ -1,8 +1,8 @@
 """ep: an execution provider in the shape of ONNX Runtime's, running on the simulated NPU.
 
 The public face mirrors ``onnxruntime``: :class:`InferenceSession`, :class:`SessionOptions`,
-:class:`ModelCompiler`, :func:`get_available_providers` and the errors named after ONNX Runtime's
-status codes, so code written for onnxruntime ports by changing the import.
+:class:`RunOptions`, :class:`ModelCompiler`, :func:`get_available_providers` and the errors named
+after ONNX Runtime's status codes, so code written for onnxruntime ports by changing the import.
 """
 
 from . import npusim  # noqa: F401 - registers NpuSimExecutionProvider
@@ -22,6 +22,7 @@ from .errors import (
 )
 from .framework.model_compiler import ModelCompiler, OrtCompileApiFlags
 from .framework.options import ExecutionMode, GraphOptimizationLevel, SessionOptions
+from .framework.run_options import RunOptions
 from .framework.session import InferenceSession, NodeArg, get_available_providers
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "NotImplemented",
     "OrtCompileApiFlags",
     "OrtError",
+    "RunOptions",
     "RuntimeException",
     "SessionOptions",
     "get_available_providers",

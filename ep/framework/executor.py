@@ -130,13 +130,20 @@ def type_string(elem_type: int) -> str:
         return "tensor(undefined)"
 
 
+def _optional(graph: GraphView, name: str) -> bool:
+    vi = graph.value_info(name)
+    return vi is not None and vi.type.HasField("optional_type")
+
+
 def check_feeds(graph: GraphView, feeds: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate ``feeds`` against the graph inputs with onnxruntime's messages."""
-    missing = [n for n in graph.inputs if n not in feeds]
+    """Validate ``feeds`` against the graph inputs with onnxruntime's messages and classes: a
+    missing input is the ``ValueError`` of its Python layer, the rest its ``InvalidArgument``.
+    Inputs of an optional type may be left out: they are None, as onnxruntime takes them."""
+    missing = [n for n in graph.inputs if n not in feeds and not _optional(graph, n)]
     if missing:
-        raise InvalidArgument(f"Required inputs ({missing}) are missing from input feed "
-                              f"({list(feeds)}).")
-    out: dict[str, Any] = {}
+        raise ValueError(f"Required inputs ({missing}) are missing from input feed "
+                         f"({list(feeds)}).")
+    out: dict[str, Any] = {n: None for n in graph.inputs if n not in feeds}
     for name, raw in feeds.items():
         if name not in graph.inputs:
             raise InvalidArgument(f"Invalid input name: {name}")

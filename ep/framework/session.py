@@ -44,6 +44,7 @@ from .options import EP_CONTEXT_ENABLE, SessionOptions, config_flag
 from .pipeline import construct
 from .provider import CompiledNode
 from .registry import ProviderSpec, available_providers, normalize_provider_args
+from .run_options import check_run
 from .tensors import restore_raw_data
 
 
@@ -65,6 +66,9 @@ class InferenceSession:
         **kwargs: Any,
     ) -> None:
         started = time.perf_counter()
+        if sess_options is not None and not isinstance(sess_options, SessionOptions):
+            raise TypeError(f"sess_options must be an ep.SessionOptions, got "
+                            f"{type(sess_options).__module__}.{type(sess_options).__name__}")
         self._sess_options = sess_options or SessionOptions()
         options = self._sess_options
         config = options.config_entries()
@@ -101,12 +105,14 @@ class InferenceSession:
 
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
             run_options: Any = None) -> list[np.ndarray]:
-        """Compute ``output_names`` (None or empty: every output) from ``input_feed``."""
+        """Compute ``output_names`` (None or empty: every output) from ``input_feed``, with
+        ``run_options`` (an :class:`~ep.framework.run_options.RunOptions`) if given."""
         started = time.perf_counter()
+        wanted = check_run(output_names, input_feed, run_options)
         for provider in self._providers:
             provider.on_run_start()
         try:
-            result = self._executor.run(input_feed, output_names or None)
+            result = self._executor.run(input_feed, wanted)
         finally:
             for provider in self._providers:
                 provider.on_run_end()
@@ -217,10 +223,10 @@ class SessionInstance:
         self.session = session
         self._executor = executor
 
-    def run(self, output_names: Sequence[str] | None,
-            input_feed: Mapping[str, Any]) -> list[np.ndarray]:
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
+            run_options: Any = None) -> list[np.ndarray]:
         """Compute ``output_names`` (None or empty: every output) from ``input_feed``."""
-        return self._executor.run(input_feed, output_names or None)
+        return self._executor.run(input_feed, check_run(output_names, input_feed, run_options))
 
     def get_inputs(self) -> list[NodeArg]:
         """The session's inputs."""

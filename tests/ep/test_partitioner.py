@@ -295,7 +295,7 @@ def test_executor_rejects_bad_feeds_and_outputs():
     executor = PlanExecutor(graph, plan, compile_plan(plan, []))
     x = np.ones((2, 2), np.float32)
     # The executor is where session feeds are checked, with onnxruntime's messages.
-    with pytest.raises(InvalidArgument, match=r"Required inputs \(\['x'\]\) are missing"):
+    with pytest.raises(ValueError, match=r"Required inputs \(\['x'\]\) are missing"):
         executor.run({})
     with pytest.raises(InvalidArgument, match="Invalid input name: y"):
         executor.run({"x": x, "y": x})

@@ -1,0 +1,171 @@
+"""A run's and a session's arguments of the wrong type or value fail as onnxruntime's do: the
+same exception class, checked against the installed onnxruntime in each test, before anything
+runs; the session is unchanged after (the next good run gives onnxruntime's values)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import ep
+
+NPU = ["NpuSimExecutionProvider", "CPUExecutionProvider"]
+X = np.linspace(-2, 2, 6, dtype=np.float32).reshape(2, 3)
+
+
+def two_outputs() -> bytes:
+    """x -> Relu -> r, r + x -> y: both outputs on the NPU."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["r", "x"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("r", "y")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+@pytest.fixture(scope="module")
+def sessions() -> tuple[ort.InferenceSession, ep.InferenceSession]:
+    model = two_outputs()
+    npu = ep.InferenceSession(model, providers=NPU)
+    assert set(npu.get_node_assignment().values()) == {"NpuSimExecutionProvider"}
+    return ort.InferenceSession(model, providers=["CPUExecutionProvider"]), npu
+
+
+def raised(call) -> BaseException:
+    with pytest.raises(Exception) as info:
+        call()
+    return info.value
+
+
+def still_runs(sessions: tuple[Any, Any]) -> None:
+    theirs, ours = sessions
+    for got, want in zip(ours.run(None, {"x": X}), theirs.run(None, {"x": X}), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("names", ["yy", b"y", ["y", 1], [None], 3, np.float32(1)],
+                         ids=repr)
+def test_output_names_of_the_wrong_type_are_a_type_error(sessions, names) -> None:
+    theirs, ours = sessions
+    assert isinstance(raised(lambda: theirs.run(names, {"x": X})), TypeError)
+    error = raised(lambda: ours.run(names, {"x": X}))
+    assert type(error) is TypeError
+    assert "output_names" in str(error) and repr(names) in str(error)
+    still_runs(sessions)
+
+
+@pytest.mark.parametrize("names", [None, [], (), ["y"], ("r",), ["y", "y"], ["y", "r"]],
+                         ids=repr)
+def test_output_names_onnxruntime_takes(sessions, names) -> None:
+    theirs, ours = sessions
+    want = theirs.run(names, {"x": X})
+    got = ours.run(names, {"x": X})
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("options", ["foo", 1, [], ort.RunOptions], ids=repr)
+def test_run_options_of_the_wrong_type_are_a_type_error(sessions, options) -> None:
+    theirs, ours = sessions
+    assert isinstance(raised(lambda: theirs.run(None, {"x": X}, options)), TypeError)
+    error = raised(lambda: ours.run(None, {"x": X}, options))
+    assert type(error) is TypeError
+    assert "run_options" in str(error) and type(options).__name__ in str(error)
+
+
+@pytest.mark.parametrize("make", [ep.RunOptions, ort.RunOptions])
+def test_run_options_run_as_onnxruntime_does(sessions, make) -> None:
+    theirs, ours = sessions
+    mine, reference = make(), ort.RunOptions()
+    assert [getattr(mine, a) for a in ("log_severity_level", "log_verbosity_level", "logid",
+                                       "only_execute_path_to_fetches", "terminate")] == \
+        [getattr(reference, a) for a in ("log_severity_level", "log_verbosity_level", "logid",
+                                         "only_execute_path_to_fetches", "terminate")]
+    for level in (-1, 0, 4):
+        mine.log_severity_level = reference.log_severity_level = level
+        np.testing.assert_array_equal(ours.run(["y"], {"x": X}, mine)[0],
+                                      theirs.run(["y"], {"x": X}, reference)[0])
+    for level in (5, 7, -2):
+        mine.log_severity_level = reference.log_severity_level = level
+        want = raised(lambda: theirs.run(None, {"x": X}, reference))
+        got = raised(lambda: ours.run(None, {"x": X}, mine))
+        assert type(got).__name__ == type(want).__name__ == "Fail"
+        assert f"Invalid run log severity level. Not a valid onnxruntime::logging::Severity " \
+               f"value: {level}" in str(got)
+        assert f"value: {level}" in str(want)
+    mine.log_severity_level = reference.log_severity_level = -1
+    mine.terminate = reference.terminate = True
+    want = raised(lambda: theirs.run(None, {"x": X}, reference))
+    got = raised(lambda: ours.run(None, {"x": X}, mine))
+    assert type(got).__name__ == type(want).__name__ == "Fail"
+    assert str(got) == str(want)
+    still_runs(sessions)
+
+
+def test_run_config_entries_as_onnxruntime() -> None:
+    mine, reference = ep.RunOptions(), ort.RunOptions()
+    for options in (mine, reference):
+        options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    assert mine.get_run_config_entry("memory.enable_memory_arena_shrinkage") == \
+        reference.get_run_config_entry("memory.enable_memory_arena_shrinkage")
+    want = raised(lambda: reference.get_run_config_entry("nope"))
+    got = raised(lambda: mine.get_run_config_entry("nope"))
+    assert isinstance(want, RuntimeError) and isinstance(got, RuntimeError)
+    assert got.message == str(want)
+    assert isinstance(raised(lambda: reference.add_run_config_entry("k", 1)), TypeError)
+    assert isinstance(raised(lambda: mine.add_run_config_entry("k", 1)), TypeError)
+
+
+@pytest.mark.parametrize("feed", [[X], None, (X,), "x", X], ids=lambda f: type(f).__name__)
+def test_a_feed_that_is_not_a_mapping_is_a_type_error(sessions, feed) -> None:
+    theirs, ours = sessions
+    # onnxruntime lets the AttributeError of its own feed.keys() through (docs/conformance.md)
+    assert isinstance(raised(lambda: theirs.run(None, feed)), AttributeError)
+    error = raised(lambda: ours.run(None, feed))
+    assert type(error) is TypeError
+    assert "input_feed" in str(error) and type(feed).__name__ in str(error)
+    still_runs(sessions)
+
+
+@pytest.mark.parametrize("options", ["foo", 1, ort.SessionOptions], ids=repr)
+def test_session_options_of_the_wrong_type_are_a_type_error(options) -> None:
+    model = two_outputs()
+    options = options() if options is ort.SessionOptions else options
+    if not isinstance(options, ort.SessionOptions):
+        assert isinstance(raised(lambda: ort.InferenceSession(model, options)), TypeError)
+    error = raised(lambda: ep.InferenceSession(model, options, providers=NPU))
+    assert type(error) is TypeError
+    assert "ep.SessionOptions" in str(error) and type(options).__name__ in str(error)
+
+
+def test_instances_check_their_arguments_too(sessions) -> None:
+    theirs, ours = sessions
+    instance = ours.create_instance()
+    assert type(raised(lambda: instance.run("y", {"x": X}))) is TypeError
+    assert type(raised(lambda: instance.run(None, [X]))) is TypeError
+    assert type(raised(lambda: instance.run(None, {}))) is ValueError
+    options = ep.RunOptions()
+    options.terminate = True
+    assert type(raised(lambda: instance.run(None, {"x": X}, options))) is ep.Fail
+    np.testing.assert_array_equal(instance.run(["y"], {"x": X})[0],
+                                  theirs.run(["y"], {"x": X})[0])
+
+
+def test_an_optional_input_may_be_left_out_as_in_onnxruntime() -> None:
+    optional = helper.make_optional_type_proto(
+        helper.make_tensor_type_proto(TensorProto.FLOAT, [2]))
+    graph = helper.make_graph([helper.make_node("OptionalHasElement", ["o"], ["b"])], "g",
+                              [helper.make_value_info("o", optional)],
+                              [helper.make_tensor_value_info("b", TensorProto.BOOL, [])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ours = ep.InferenceSession(model.SerializeToString(), providers=NPU)
+    for feed in ({}, {"o": None}, {"o": np.ones(2, np.float32)}):
+        assert ours.run(None, feed) == theirs.run(None, feed)
