@@ -19,6 +19,7 @@ from .errors import (
     NotImplemented,  # noqa: A004 - ONNX Runtime's name
     OrtError,
     RuntimeException,
+    UnknownProvider,
 )
 from .framework.model_compiler import ModelCompiler, OrtCompileApiFlags
 from .framework.options import ExecutionMode, GraphOptimizationLevel, SessionOptions
@@ -46,5 +47,6 @@ __all__ = [
     "RunOptions",
     "RuntimeException",
     "SessionOptions",
+    "UnknownProvider",
     "get_available_providers",
 ]

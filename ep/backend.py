@@ -72,7 +72,8 @@ class EpBackend(Backend):
             model = model.SerializeToString()
         providers: Sequence[Any] = kwargs.get("providers") or DEFAULT_PROVIDERS
         session = InferenceSession(model, kwargs.get("sess_options"), providers=list(providers),
-                                   provider_options=kwargs.get("provider_options"))
+                                   provider_options=kwargs.get("provider_options"),
+                                   enable_fallback=0)  # the NPU's own faults are the result
         return EpBackendRep(session)
 
     @classmethod

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         options["cpu_nodes"] = args.cpu_nodes
     with cli_progress.phase(f"loading {label} on {args.device}"):
         session = InferenceSession(source, cli_trace.profiling(args.trace),
-                                   providers=[(NPU, options)])
+                                   providers=[(NPU, options)], enable_fallback=0)
     checking = not args.timing_only and (args.check or args.model is None)
     # The model that describes the inputs (an EPContext model's source), loaded once for
     # generating inputs and for --check, and only when one of them needs it.

@@ -73,3 +73,9 @@ class ModelRequiresCompilation(OrtError):
 
 class NotFound(OrtError):
     code, status = 14, "NOT_FOUND"
+
+
+class UnknownProvider(RuntimeError):
+    """A provider name onnxruntime does not know (``Unknown Provider Type: <name>``): its plain
+    ``RuntimeError``, not a status error, which is why onnxruntime's Python layer retries a
+    session that raised it on ``CPUExecutionProvider`` (:mod:`ep.framework.fallback`)."""

@@ -91,7 +91,8 @@ def _session(model: onnx.ModelProto, config: DeviceConfig, options: SessionOptio
         json.dump(config.to_dict(), f)
     return InferenceSession(model.SerializeToString(), options,
                             providers=[("NpuSimExecutionProvider",
-                                        {"device": path, "functional": "0"})])
+                                        {"device": path, "functional": "0"})],
+                            enable_fallback=0)
 
 
 def compiler_split(config: DeviceConfig, op: str, in_specs: list, out_specs: list,

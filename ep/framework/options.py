@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument, RuntimeException
-from .registry import is_registered, unknown_provider
+from .registry import is_registered, known_elsewhere, unknown_provider
 
 # EPContext generation and loading (shared/reference/ort-ep-context-design.md).
 EP_CONTEXT_ENABLE = "ep.context_enable"
@@ -121,7 +121,12 @@ class SessionOptions:
     def add_provider(self, provider_type: str, provider_options: Mapping[str, Any]) -> None:
         """Append a provider and its options, like ``onnxruntime.SessionOptions.add_provider``:
         an ``InferenceSession`` created with these options and ``providers=None`` uses them, and
-        so does ``ModelCompiler``. An unknown name fails here, with onnxruntime's message."""
+        so does ``ModelCompiler``. A name that is not registered fails here as in onnxruntime:
+        ``InvalidArgument`` for a provider onnxruntime knows (its build lacks it),
+        :class:`~ep.errors.UnknownProvider` for any other."""
+        if known_elsewhere(provider_type):
+            raise InvalidArgument(f"Failed to add provider of type '{provider_type}' to "
+                                  "SessionOptions. Provider configuration is not supported.")
         if not is_registered(provider_type):
             raise unknown_provider(provider_type)
         if not isinstance(provider_options, Mapping):

@@ -20,7 +20,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidArgument
+import onnxruntime
+
+from ..errors import InvalidArgument, UnknownProvider
 from .provider import ExecutionProvider, ProviderContext
 
 ProviderFactory = Callable[[ProviderContext], ExecutionProvider]
@@ -68,10 +70,16 @@ def is_registered(name: object) -> bool:
     return isinstance(name, str) and name in _registry
 
 
-def unknown_provider(name: object) -> InvalidArgument:
-    """onnxruntime's error for a provider name it cannot build, listing the valid ones."""
-    return InvalidArgument(f"Unknown Provider Type: {name}; available providers are "
-                           f"{available_providers()} (or pass an ExecutionProvider instance)")
+def known_elsewhere(name: object) -> bool:
+    """Whether ``name`` is a provider onnxruntime knows (``get_all_providers``) that is not
+    registered here: a session leaves it out, as an onnxruntime build without it does."""
+    return isinstance(name, str) and not is_registered(name) and \
+        name in onnxruntime.get_all_providers()
+
+
+def unknown_provider(name: object) -> UnknownProvider:
+    """onnxruntime's error for a provider name it does not know at all."""
+    return UnknownProvider(f"Unknown Provider Type: {name}")
 
 
 def create_provider(name: str, context: ProviderContext) -> ExecutionProvider:
@@ -150,15 +158,17 @@ def build_providers(
     model_path: str | None,
 ) -> list[ExecutionProvider]:
     """Create (or, for instances, bind) the session's providers, in priority order, with
-    ``CPUExecutionProvider`` last, appended when absent. Every provider is bound to the
-    session's config in one step before anything reads it."""
+    ``CPUExecutionProvider`` last, appended when absent. A provider onnxruntime knows but this
+    process has not registered (``CUDAExecutionProvider``) is left out, as onnxruntime leaves
+    out the providers its build lacks; a name it does not know is :class:`UnknownProvider`.
+    Every provider is bound to the session's config in one step before anything reads it."""
     built: list[ExecutionProvider] = []
     for spec in specs:
         if isinstance(spec, ExecutionProvider):
             spec.bind(ProviderContext(provider_options=dict(spec.context.provider_options),
                                       session_config=dict(config), model_path=model_path))
             built.append(spec)
-        else:
+        elif not known_elsewhere(spec[0]):  # normalize_provider_args warned of those
             name, options = spec
             built.append(create_provider(name, ProviderContext(
                 provider_options=options, session_config=dict(config), model_path=model_path)))

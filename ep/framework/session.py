@@ -1,8 +1,9 @@
 """``InferenceSession``: load a model, partition it across providers, compile, run.
 
 The class mirrors ``onnxruntime.InferenceSession`` (constructor, ``run``, ``get_inputs``,
-``get_outputs``, ``get_providers``, ``get_provider_options``, ``end_profiling``) so user code
-ports by changing the import. Creating a session:
+``get_outputs``, ``get_providers``, ``get_provider_options``, ``end_profiling``,
+``set_providers`` and the EP-error fallback of :mod:`ep.framework.fallback`) so user code ports
+by changing the import. Creating a session:
 
 1. loads the model (from a path, with its external data from the model's folder; or from
    bytes, with ``session.model_external_initializers_file_folder_path`` for external data);
@@ -34,7 +35,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ..errors import Fail
+from ..errors import EPFail, Fail
+from . import fallback
 from .context_writer import ContextWriter
 from .executor import PlanExecutor, type_string
 from .files import atomic_write
@@ -56,7 +58,6 @@ def get_available_providers() -> list[str]:
 class InferenceSession:
     """A model partitioned across execution providers, ready to run (see the module doc)."""
 
-    @creation  # no cyclic garbage collection inside a creation (ep.framework.gc_pause)
     def __init__(
         self,
         path_or_bytes: str | os.PathLike[str] | bytes,
@@ -65,14 +66,31 @@ class InferenceSession:
         provider_options: Sequence[Mapping[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
-        started = time.perf_counter()
         if sess_options is not None and not isinstance(sess_options, SessionOptions):
             raise TypeError(f"sess_options must be an ep.SessionOptions, got "
                             f"{type(sess_options).__module__}.{type(sess_options).__name__}")
+        self._source = path_or_bytes
         self._sess_options = sess_options or SessionOptions()
+        self._enable_fallback = fallback.enabled(kwargs)
+        try:
+            self._create(providers, provider_options)
+        except Exception as exc:  # onnxruntime retries some on the CPU (ep.framework.fallback)
+            if not (self._enable_fallback and fallback.retries_creation(exc)):
+                raise
+            fallback.report_creation(exc, providers)
+            try:
+                self._create(fallback.PROVIDERS, None)
+            except Exception as fallback_error:
+                raise fallback_error from exc
+            self.disable_fallback()
+
+    @creation  # no cyclic garbage collection inside a creation (ep.framework.gc_pause)
+    def _create(self, providers: Sequence[ProviderSpec] | None,
+                provider_options: Sequence[Mapping[str, Any]] | None) -> None:
+        started = time.perf_counter()
         options = self._sess_options
         config = options.config_entries()
-        self._profiler = Profiler(options)
+        profiler = Profiler(options)
         if providers is None and provider_options is None and options.has_providers():
             specs = normalize_provider_args(options.providers, None)
         else:
@@ -81,34 +99,48 @@ class InferenceSession:
                     "Specified 'providers'/'provider_options' when creating InferenceSession but "
                     "SessionOptions has already been configured with providers. "
                     "InferenceSession will only use the providers passed to InferenceSession().",
-                    stacklevel=2)
+                    stacklevel=4)
             specs = normalize_provider_args(
                 available_providers() if providers is None else providers, provider_options)
         ctx = config_flag(config, EP_CONTEXT_ENABLE)
         built = construct(
-            path_or_bytes, config, specs,
+            self._source, config, specs,
             optimization_level=options.graph_optimization_level,
             free_dims=options.free_dimension_overrides,
             make_writer=lambda path: ContextWriter(config, path) if ctx else None,
-            wrap=self._profiler.wrap)
+            wrap=profiler.wrap)
+        self._profiler = profiler
         self._model, self._model_path = built.source, built.model_path
         self._weights: dict[str, np.ndarray] | None = built.weights
         self._providers, self._graph, self._plan = built.providers, built.graph, built.plan
         self._executor = PlanExecutor(self._graph, self._plan, built.compiled)
-        if self._profiler.enabled:
+        if profiler.enabled:
             model_name = self._model.graph.name or os.path.basename(str(self._model_path or ""))
             for provider in self._providers:
                 provider.start_profiling(model_name)
-        self._profiler.event("session_initialization", "Session", started)
+        profiler.event("session_initialization", "Session", started)
 
     # -- onnxruntime's API --------------------------------------------------------------------
 
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
             run_options: Any = None) -> list[np.ndarray]:
         """Compute ``output_names`` (None or empty: every output) from ``input_feed``, with
-        ``run_options`` (an :class:`~ep.framework.run_options.RunOptions`) if given."""
-        started = time.perf_counter()
+        ``run_options`` (an :class:`~ep.framework.run_options.RunOptions`) if given. A run
+        that fails with ``EPFail`` runs again on ``CPUExecutionProvider`` while the fallback
+        is enabled, as in onnxruntime (:mod:`ep.framework.fallback`)."""
         wanted = check_run(output_names, input_feed, run_options)
+        try:
+            return self._run(input_feed, wanted)
+        except EPFail as err:
+            if not self._enable_fallback:
+                raise
+            fallback.report_run(err, self.get_providers())
+            self.set_providers(fallback.PROVIDERS)
+            self.disable_fallback()
+            return self._run(input_feed, wanted)
+
+    def _run(self, input_feed: Mapping[str, Any], wanted: list[str] | None) -> list[np.ndarray]:
+        started = time.perf_counter()
         for provider in self._providers:
             provider.on_run_start()
         try:
@@ -118,6 +150,22 @@ class InferenceSession:
                 provider.on_run_end()
         self._profiler.event("model_run", "Session", started)
         return result
+
+    def set_providers(self, providers: Sequence[ProviderSpec] | None = None,
+                      provider_options: Sequence[Mapping[str, Any]] | None = None) -> None:
+        """Create the session again from its model and options with these providers (None:
+        the session options' providers, else every available one), as onnxruntime re-creates
+        its session. On failure the session keeps what it had."""
+        self._create(providers, provider_options)
+
+    def disable_fallback(self) -> None:
+        """Turn off the EP-error fallback (:mod:`ep.framework.fallback`) for later runs."""
+        self._enable_fallback = False
+
+    def enable_fallback(self) -> None:
+        """Turn the EP-error fallback back on: a run failing with ``EPFail`` runs again on
+        ``CPUExecutionProvider``."""
+        self._enable_fallback = True
 
     def create_instance(self) -> SessionInstance:
         """Another inference instance of this compiled model, as PPLNN's

@@ -102,7 +102,8 @@ BAD_PROVIDER_ARGUMENTS = [
 
 @pytest.mark.parametrize("kwargs", BAD_PROVIDER_ARGUMENTS)
 def test_bad_provider_arguments_fail_as_in_onnxruntime(model_path: str, kwargs) -> None:
-    """The same exception type, and onnxruntime's message (ours may add what is valid)."""
+    """With the fallback off: the same exception type, and onnxruntime's message (ours may add
+    what is valid)."""
     with pytest.raises(Exception) as theirs, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ort.InferenceSession(model_path, enable_fallback=0, **kwargs)
@@ -110,9 +111,51 @@ def test_bad_provider_arguments_fail_as_in_onnxruntime(model_path: str, kwargs) 
         else RuntimeError  # onnxruntime's status errors are RuntimeErrors; so are ours
     with pytest.raises(expected) as ours, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ep.InferenceSession(model_path, **kwargs)
+        ep.InferenceSession(model_path, enable_fallback=0, **kwargs)
     theirs_text = str(theirs.value).split("[ONNXRuntimeError] : ")[-1]
     assert theirs_text.split(";")[0] in str(ours.value)
+
+
+@pytest.mark.parametrize("kwargs", BAD_PROVIDER_ARGUMENTS)
+def test_bad_provider_arguments_fall_back_as_in_onnxruntime(model_path: str, kwargs,
+                                                            capsys) -> None:
+    """With the fallback on (the default): what onnxruntime retries on the CPU, ep retries,
+    printing the same lines; what it raises, ep raises (the same type)."""
+    outcomes = []
+    for lib in (ort, ep):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                session = lib.InferenceSession(model_path, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - compared below
+                outcomes.append((exc, capsys.readouterr().out))
+                continue
+        outcomes.append((session, capsys.readouterr().out))
+    (theirs, printed), (ours, ours_printed) = outcomes
+    assert ours_printed == printed
+    if isinstance(theirs, Exception):
+        assert isinstance(ours, type(theirs) if isinstance(theirs, (ValueError, TypeError))
+                          else RuntimeError)
+        return
+    assert "Falling back to ['CPUExecutionProvider'] and retrying." in printed
+    assert ours.get_providers() == theirs.get_providers() == ["CPUExecutionProvider"]
+    np.testing.assert_array_equal(ours.run(None, {"x": X})[0], theirs.run(None, {"x": X})[0])
+
+
+def test_a_provider_onnxruntime_knows_but_lacks_is_left_out(model_path: str, capsys) -> None:
+    """``["CUDAExecutionProvider", "CPUExecutionProvider"]``, the first line of so much
+    onnxruntime code, runs where CUDA is not: onnxruntime warns and leaves it out, no fallback."""
+    for lib, extra in ((ort, []), (ep, ["NpuSimExecutionProvider"])):
+        with pytest.warns(UserWarning, match="'CUDAExecutionProvider' is not in available"):
+            session = lib.InferenceSession(
+                model_path, providers=["CUDAExecutionProvider", *extra, "CPUExecutionProvider"])
+        assert session.get_providers() == [*extra, "CPUExecutionProvider"]
+        assert capsys.readouterr().out == ""
+    with pytest.raises(Exception) as theirs_add:
+        ort.SessionOptions().add_provider("CUDAExecutionProvider", {})
+    with pytest.raises(ep.InvalidArgument) as ours_add:
+        ep.SessionOptions().add_provider("CUDAExecutionProvider", {})
+    assert ours_add.value.message in str(theirs_add.value)
 
 
 def test_a_repeated_provider_is_ignored_with_onnxruntime_warning(model_path: str) -> None:

@@ -78,7 +78,7 @@ def run_case(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
         progress("ep")
     try:
         session = ep.InferenceSession(model.SerializeToString(), options,
-                                      providers=list(PROVIDERS))
+                                      providers=list(PROVIDERS), enable_fallback=0)
         result.update(_coverage(session))
         got = session.run(None, dict(feeds))
     except OrtError as exc:
@@ -152,7 +152,8 @@ def localize(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
     want, whole, _, ort_error = reference_outputs(exposed, feeds, level=level)
     try:
         got = ep.InferenceSession(exposed.SerializeToString(), options,
-                                  providers=list(PROVIDERS)).run(None, dict(feeds))
+                                  providers=list(PROVIDERS),
+                                  enable_fallback=0).run(None, dict(feeds))
     except Exception as exc:  # noqa: BLE001 - exposing tensors changed the outcome
         return {"where": f"not localized: with every tensor exposed ep raised {exc!r:.200}"}
     if ort_error is not None or want is None or whole is None:

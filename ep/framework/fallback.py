@@ -1,0 +1,51 @@
+"""onnxruntime's EP-error fallback, as its Python ``InferenceSession`` does it.
+
+onnxruntime's Python layer (``onnxruntime_inference_collection.py``) retries, once, a session
+whose creation raised a ``ValueError`` or ``RuntimeError`` (a provider spec it cannot read, a
+provider name it does not know: ``Unknown Provider Type``) on ``CPUExecutionProvider``, and a
+run that raised ``EPFail`` on a session re-created with that provider, printing what failed to
+stdout. Its status errors (``InvalidGraph``, ``Fail``, ``NoSuchFile``...) are not
+``RuntimeError``s there, so a bad model is raised as it is; ep's status errors subclass
+``RuntimeError`` (:class:`ep.errors.OrtError`), so :func:`retries_creation` leaves them out by
+name. Either fallback happens only while the session's fallback is enabled: by default, not
+with ``enable_fallback=0``, and never again after one fallback (``disable_fallback``).
+
+Tools that judge the NPU (the testing kit, the fuzzer, the CLI) create their sessions with
+``enable_fallback=0``: a fault of the simulated device must reach them, not be re-run on the
+CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import OrtError
+
+#: The providers a session falls back to (onnxruntime's, for a build without CUDA).
+PROVIDERS = ["CPUExecutionProvider"]
+
+
+def enabled(kwargs: Mapping[str, Any]) -> bool:
+    """Whether a session made with these extra keyword arguments falls back (onnxruntime:
+    ``enable_fallback``, default 1)."""
+    return int(kwargs.get("enable_fallback", 1)) == 1
+
+
+def retries_creation(exc: BaseException) -> bool:
+    """Whether onnxruntime's Python layer retries a creation that raised ``exc``."""
+    return isinstance(exc, (ValueError, RuntimeError)) and not isinstance(exc, OrtError)
+
+
+def report_creation(exc: BaseException, providers: Any) -> None:
+    """What onnxruntime prints before retrying a creation (``providers`` as they were given)."""
+    print("*************** EP Error ***************")
+    print(f"EP Error {exc} when using {providers}")
+    print(f"Falling back to {PROVIDERS} and retrying.")
+    print("****************************************")
+
+
+def report_run(exc: BaseException, providers: list[str]) -> None:
+    """What onnxruntime prints before re-running on the fallback providers."""
+    print(f"EP Error: {exc!s} using {providers}")
+    print(f"Falling back to {PROVIDERS} and retrying.")

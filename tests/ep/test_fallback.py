@@ -1,0 +1,96 @@
+"""onnxruntime's EP-error fallback (ep.framework.fallback): a run that fails with EPFail runs
+again on CPUExecutionProvider, once, printing what onnxruntime prints; compared with the
+installed onnxruntime on the same model and feeds."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import ep
+
+NPU = ["NpuSimExecutionProvider", "CPUExecutionProvider"]
+GOOD, BAD = {"i": np.array([0, 3])}, {"i": np.array([0, 7])}  # 7: out of range for 4 rows
+
+
+def gather() -> bytes:
+    """Gather from a 4x3 initializer at fed indices: on the NPU, an index out of range faults
+    the device (EPFail); onnxruntime's CPU provider refuses it (InvalidArgument)."""
+    data = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3), "data")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["data", "i"], ["y"], name="gather")], "g",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [data])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def refusal(session, feeds) -> BaseException:
+    with pytest.raises(Exception) as info:
+        session.run(None, feeds)
+    return info.value
+
+
+def test_a_device_fault_runs_again_on_the_cpu_as_in_onnxruntime(capsys) -> None:
+    theirs = ort.InferenceSession(gather(), providers=["CPUExecutionProvider"])
+    ours = ep.InferenceSession(gather(), providers=NPU)
+    assert ours.get_node_assignment() == {"gather": "NpuSimExecutionProvider"}
+    want = refusal(theirs, BAD)
+    capsys.readouterr()
+    got = refusal(ours, BAD)  # the NPU faults, the CPU refuses as onnxruntime does
+    printed = capsys.readouterr().out.splitlines()
+    assert type(got).__name__ == type(want).__name__ == "InvalidArgument"
+    assert "indices element out of data bounds, idx=7" in str(got)
+    assert printed[0].startswith("EP Error: [ONNXRuntimeError] : 11 : EP_FAIL : NpuSim: ")
+    assert "Gather: index 7 is out of range" in printed[0]
+    assert printed[0].endswith(f" using {NPU}")
+    assert printed[1:] == ["Falling back to ['CPUExecutionProvider'] and retrying."]
+    # the session now runs on the CPU, and falls back no more
+    assert ours.get_providers() == ["CPUExecutionProvider"]
+    np.testing.assert_array_equal(ours.run(None, GOOD)[0], theirs.run(None, GOOD)[0])
+    assert isinstance(refusal(ours, BAD), ep.InvalidArgument)
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("how", ["enable_fallback=0", "disable_fallback()"])
+def test_without_the_fallback_the_device_fault_is_raised(how, capsys) -> None:
+    if how == "enable_fallback=0":
+        ours = ep.InferenceSession(gather(), providers=NPU, enable_fallback=0)
+    else:
+        ours = ep.InferenceSession(gather(), providers=NPU)
+        ours.disable_fallback()
+    error = refusal(ours, BAD)
+    assert type(error) is ep.EPFail and "Gather: index 7 is out of range" in str(error)
+    assert capsys.readouterr().out == ""
+    assert ours.get_providers() == NPU  # the session is as it was, and runs again
+    np.testing.assert_array_equal(ours.run(None, GOOD)[0], np.array([[0, 1, 2], [9, 10, 11]],
+                                                                     np.float32))
+    ours.enable_fallback()
+    assert isinstance(refusal(ours, BAD), ep.InvalidArgument)
+    assert "Falling back" in capsys.readouterr().out
+    assert ours.get_providers() == ["CPUExecutionProvider"]
+
+
+def test_set_providers_creates_the_session_again() -> None:
+    session = ep.InferenceSession(gather(), providers=["CPUExecutionProvider"])
+    want = session.run(None, GOOD)[0]
+    session.set_providers(NPU)
+    assert session.get_providers() == NPU
+    assert session.get_node_assignment() == {"gather": "NpuSimExecutionProvider"}
+    np.testing.assert_array_equal(session.run(None, GOOD)[0], want)
+    with pytest.raises(TypeError):  # a failed re-creation leaves the session as it was
+        session.set_providers(3)
+    assert session.get_providers() == NPU
+    np.testing.assert_array_equal(session.run(None, GOOD)[0], want)
+
+
+def test_a_bad_model_is_raised_without_a_fallback(capsys) -> None:
+    """onnxruntime's status errors are not what its Python layer retries: nothing printed."""
+    for lib, error in ((ort, Exception), (ep, ep.InvalidProtobuf)):
+        with pytest.raises(error) as info:
+            lib.InferenceSession(b"not a model")
+        assert type(info.value).__name__ == "InvalidProtobuf"
+    assert capsys.readouterr().out == ""
