@@ -5,6 +5,8 @@ The public face mirrors ``onnxruntime``: :class:`InferenceSession`, :class:`Sess
 after ONNX Runtime's status codes, so code written for onnxruntime ports by changing the import.
 """
 
+import onnxruntime as _onnxruntime
+
 from . import npusim  # noqa: F401 - registers NpuSimExecutionProvider
 from .errors import (
     EngineError,
@@ -24,7 +26,14 @@ from .errors import (
 from .framework.model_compiler import ModelCompiler, OrtCompileApiFlags
 from .framework.options import ExecutionMode, GraphOptimizationLevel, SessionOptions
 from .framework.run_options import RunOptions
-from .framework.session import InferenceSession, NodeArg, get_available_providers
+from .framework.session import (
+    InferenceSession,
+    ModelMetadata,
+    NodeArg,
+    get_all_providers,
+    get_available_providers,
+    get_device,
+)
 
 __all__ = [
     "EPFail",
@@ -37,6 +46,7 @@ __all__ = [
     "InvalidGraph",
     "InvalidProtobuf",
     "ModelCompiler",
+    "ModelMetadata",
     "ModelRequiresCompilation",
     "NoSuchFile",
     "NodeArg",
@@ -48,5 +58,12 @@ __all__ = [
     "RuntimeException",
     "SessionOptions",
     "UnknownProvider",
+    "get_all_providers",
     "get_available_providers",
+    "get_device",
 ]
+
+#: The onnxruntime API this package mirrors is the installed onnxruntime's: code that checks
+#: ``onnxruntime.__version__`` before using a feature checks the same here. npu-sim's own
+#: version is ``importlib.metadata.version("npu-sim")``.
+__version__ = _onnxruntime.__version__

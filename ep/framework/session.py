@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime
 
 from ..errors import EPFail, Fail
 from . import fallback
@@ -53,6 +54,20 @@ from .tensors import restore_raw_data
 def get_available_providers() -> list[str]:
     """The registered providers, in default priority order (``CPUExecutionProvider`` last)."""
     return available_providers()
+
+
+def get_all_providers() -> list[str]:
+    """Every provider name a session accepts: the registered ones onnxruntime does not know,
+    then onnxruntime's ``get_all_providers`` (those it knows but this process lacks a session
+    leaves out, with a warning)."""
+    known = onnxruntime.get_all_providers()
+    return [p for p in available_providers() if p not in known] + known
+
+
+def get_device() -> str:
+    """The device this package's sessions run on by default, as onnxruntime's ``get_device``
+    names its build's (``"CPU"``, ``"GPU"``): the simulated NPU."""
+    return "NPU"
 
 
 class InferenceSession:
@@ -201,12 +216,15 @@ class InferenceSession:
         """The options the session was created with."""
         return self._sess_options
 
-    def get_modelmeta(self) -> dict[str, Any]:
-        """The model's producer, graph name, domain, version and metadata properties."""
+    def get_modelmeta(self) -> ModelMetadata:
+        """The model's producer, graph name, domain, descriptions, version and metadata
+        properties, as onnxruntime's ``ModelMetadata``."""
         m = self._model
-        return {"producer_name": m.producer_name, "graph_name": m.graph.name,
-                "domain": m.domain, "version": m.model_version,
-                "custom_metadata_map": {p.key: p.value for p in m.metadata_props}}
+        return ModelMetadata(
+            producer_name=m.producer_name, graph_name=m.graph.name, domain=m.domain,
+            description=m.doc_string, graph_description=m.graph.doc_string,
+            version=m.model_version if m.HasField("model_version") else NO_VERSION,
+            custom_metadata_map={p.key: p.value for p in m.metadata_props})
 
     def end_profiling(self) -> str:
         """Write the profile (ONNX Runtime's JSON format) and return its file name; ``""``
@@ -283,6 +301,23 @@ class SessionInstance:
     def get_outputs(self) -> list[NodeArg]:
         """The session's outputs."""
         return self.session.get_outputs()
+
+
+#: The version onnxruntime reports for a model without ``model_version`` (its ``kNoVersion``).
+NO_VERSION = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    """onnxruntime's ``ModelMetadata``: what :meth:`InferenceSession.get_modelmeta` returns."""
+
+    producer_name: str
+    graph_name: str
+    domain: str
+    description: str
+    graph_description: str
+    version: int
+    custom_metadata_map: dict[str, str]
 
 
 @dataclass(frozen=True)

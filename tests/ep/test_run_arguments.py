@@ -169,3 +169,31 @@ def test_an_optional_input_may_be_left_out_as_in_onnxruntime() -> None:
     ours = ep.InferenceSession(model.SerializeToString(), providers=NPU)
     for feed in ({}, {"o": None}, {"o": np.ones(2, np.float32)}):
         assert ours.run(None, feed) == theirs.run(None, feed)
+
+
+@pytest.mark.parametrize("version", [None, 7])
+def test_model_metadata_as_onnxruntime(version) -> None:
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+                              doc_string="the graph")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              producer_name="torch", doc_string="the model", domain="d")
+    model.ir_version = 8
+    if version is not None:
+        model.model_version = version
+    helper.set_model_props(model, {"author": "me", "licence": "MIT"})
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ours = ep.InferenceSession(model.SerializeToString(), providers=NPU)
+    fields = ("producer_name", "graph_name", "domain", "description", "graph_description",
+              "version", "custom_metadata_map")
+    assert [getattr(ours.get_modelmeta(), f) for f in fields] == \
+        [getattr(theirs.get_modelmeta(), f) for f in fields]
+
+
+def test_module_functions_onnxruntime_code_calls() -> None:
+    assert ep.__version__ == ort.__version__  # the API mirrored is the installed one's
+    assert isinstance(ep.get_device(), str) and ep.get_device() == "NPU"
+    assert ep.get_all_providers()[:1] == ["NpuSimExecutionProvider"]
+    assert ep.get_all_providers()[1:] == ort.get_all_providers()
+    assert set(ep.get_available_providers()) <= set(ep.get_all_providers())
