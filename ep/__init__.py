@@ -24,7 +24,12 @@ from .errors import (
     UnknownProvider,
 )
 from .framework.model_compiler import ModelCompiler, OrtCompileApiFlags
-from .framework.options import ExecutionMode, GraphOptimizationLevel, SessionOptions
+from .framework.options import (
+    ExecutionMode,
+    ExecutionOrder,
+    GraphOptimizationLevel,
+    SessionOptions,
+)
 from .framework.run_options import RunOptions
 from .framework.session import (
     InferenceSession,
@@ -39,6 +44,7 @@ __all__ = [
     "EPFail",
     "EngineError",
     "ExecutionMode",
+    "ExecutionOrder",
     "Fail",
     "GraphOptimizationLevel",
     "InferenceSession",

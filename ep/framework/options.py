@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import onnxruntime
 
 from ..errors import InvalidArgument, RuntimeException
 from .registry import is_registered, known_elsewhere, unknown_provider
@@ -55,6 +56,19 @@ class ExecutionMode(enum.IntEnum):
     ORT_PARALLEL = 1
 
 
+class ExecutionOrder(enum.IntEnum):
+    """ONNX Runtime's node execution orders; accepted for compatibility (partitions run in
+    their topological order)."""
+
+    DEFAULT = 0
+    PRIORITY_BASED = 1
+    MEMORY_EFFICIENT = 2
+
+
+_ORT_DEFAULTS = onnxruntime.SessionOptions()
+"""The installed onnxruntime's defaults, which the plain attributes below start from."""
+
+
 class SessionOptions:
     """Options for :class:`~ep.framework.session.InferenceSession` and
     :class:`~ep.framework.model_compiler.ModelCompiler`.
@@ -62,7 +76,11 @@ class SessionOptions:
     Attributes mirror onnxruntime's: ``enable_profiling`` (write a profile JSON on
     ``end_profiling``), ``profile_file_prefix``, ``intra_op_num_threads`` /
     ``inter_op_num_threads`` (0 = default; intra-op threads go to the CPU fallback),
-    ``graph_optimization_level``, ``execution_mode``, ``log_severity_level``.
+    ``graph_optimization_level``, ``optimized_model_filepath`` (onnxruntime writes the
+    optimized model there, and fails a session with compiled nodes: an NPU partition is one).
+    The others (``execution_mode``, ``execution_order``, the memory arena and pattern
+    switches, logging, determinism, per-session threads) start at the installed onnxruntime's
+    defaults and are accepted for compatibility.
     """
 
     def __init__(self) -> None:
@@ -72,7 +90,17 @@ class SessionOptions:
         self.inter_op_num_threads = 0
         self.graph_optimization_level = GraphOptimizationLevel.ORT_ENABLE_ALL
         self.execution_mode = ExecutionMode.ORT_SEQUENTIAL
-        self.log_severity_level = 2
+        self.execution_order = ExecutionOrder.DEFAULT
+        self.optimized_model_filepath = ""
+        ort = _ORT_DEFAULTS
+        self.log_severity_level = ort.log_severity_level
+        self.log_verbosity_level = ort.log_verbosity_level
+        self.logid = ort.logid
+        self.enable_cpu_mem_arena = ort.enable_cpu_mem_arena
+        self.enable_mem_pattern = ort.enable_mem_pattern
+        self.enable_mem_reuse = ort.enable_mem_reuse
+        self.use_deterministic_compute = ort.use_deterministic_compute
+        self.use_per_session_threads = ort.use_per_session_threads
         self._config: dict[str, str] = {}
         self._providers: list[tuple[str, dict[str, str]]] = []
         self._free_dims: dict[str, int] = {}

@@ -37,7 +37,7 @@ import onnx
 import onnxruntime
 
 from ..errors import EPFail, Fail
-from . import fallback
+from . import fallback, optimized_model
 from .context_writer import ContextWriter
 from .executor import PlanExecutor, type_string
 from .files import atomic_write
@@ -124,6 +124,9 @@ class InferenceSession:
             free_dims=options.free_dimension_overrides,
             make_writer=lambda path: ContextWriter(config, path) if ctx else None,
             wrap=profiler.wrap)
+        if options.optimized_model_filepath:
+            optimized_model.write(self._source, options,
+                                  [part.provider for part in built.plan.partitions])
         self._profiler = profiler
         self._model, self._model_path = built.source, built.model_path
         self._weights: dict[str, np.ndarray] | None = built.weights
