@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..errors import EPFail, InvalidArgument
+from ..errors import EPFail, InvalidArgument, RuntimeException
 from .graph import GraphView
 from .partitioner import PartitionPlan
 from .provider import CompiledNode
@@ -130,6 +130,28 @@ def type_string(elem_type: int) -> str:
         return "tensor(undefined)"
 
 
+def tensor_feed(name: str, raw: Any, elem_type: int) -> np.ndarray:
+    """A feed of a tensor input as onnxruntime's Python binding takes it: a numpy array as it
+    is; a list made an array of the input's type (``[1.5, 2.7]`` for int64 is ``[1, 2]``; a
+    string input takes ``str`` of each element); anything else is its ``RuntimeError``
+    (:class:`~ep.errors.RuntimeException`): a scalar, numpy's included, or a tuple, string or
+    buffer."""
+    if isinstance(raw, np.ndarray):
+        return raw
+    if isinstance(raw, list):
+        try:
+            if elem_type == onnx.TensorProto.STRING:
+                items = np.array(raw, dtype=object)
+                return np.vectorize(str, otypes=[object])(items) if items.size else items
+            return np.array(raw, dtype=helper.tensor_dtype_to_np_dtype(elem_type))
+        except (ValueError, TypeError, OverflowError, KeyError):
+            raise RuntimeException("Could not create tensor from given input list") from None
+    if isinstance(raw, (bool, int, float, complex, np.generic)):
+        raise RuntimeException(f"Unable to handle object of type {type(raw)}")
+    raise RuntimeException(f"Input must be a list of dictionaries or a single numpy array for "
+                           f"input '{name}'.")
+
+
 def _optional(graph: GraphView, name: str) -> bool:
     vi = graph.value_info(name)
     return vi is not None and vi.type.HasField("optional_type")
@@ -153,8 +175,8 @@ def check_feeds(graph: GraphView, feeds: Mapping[str, Any]) -> dict[str, Any]:
             # turn a list of equal-shape arrays into one tensor and fail on unequal ones.
             out[name] = raw
             continue
-        value = np.asarray(raw)
         tt = vi.type.tensor_type
+        value = tensor_feed(name, raw, tt.elem_type)
         try:
             actual = helper.np_dtype_to_tensor_dtype(value.dtype)
         except (KeyError, ValueError, TypeError):

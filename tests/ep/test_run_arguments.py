@@ -197,3 +197,37 @@ def test_module_functions_onnxruntime_code_calls() -> None:
     assert ep.get_all_providers()[:1] == ["NpuSimExecutionProvider"]
     assert ep.get_all_providers()[1:] == ort.get_all_providers()
     assert set(ep.get_available_providers()) <= set(ep.get_all_providers())
+
+
+FEED_TYPES = [TensorProto.FLOAT, TensorProto.INT64, TensorProto.UINT8, TensorProto.BOOL,
+              TensorProto.FLOAT16, TensorProto.STRING]
+FEEDS = [[1.5, 2.7], [1, 2], [True, False], ["a", "b"], [[1, 2], [3]], [[1, 2], [3, 4]], [],
+         [300, -1], [np.float64(1.5)], (1.0, 2.0), "ab", 1, 2.5, True, np.float32(1),
+         memoryview(np.ones(2, np.float32)), np.ones(2, np.float32), np.arange(2)]
+
+
+@pytest.mark.parametrize("elem_type", FEED_TYPES, ids=TensorProto.DataType.Name)
+def test_feeds_that_are_not_arrays_as_onnxruntime_takes_them(elem_type) -> None:
+    """Lists are made arrays of the input's type; scalars, tuples, strings and buffers are
+    refused, each as onnxruntime's binding does (a RuntimeError, the same text)."""
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", elem_type, None)],
+                              [helper.make_tensor_value_info("y", elem_type, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ours = ep.InferenceSession(model.SerializeToString(), providers=NPU)
+    for feed in FEEDS:
+        try:
+            want = theirs.run(None, {"x": feed})[0]
+        except Exception as exc:  # noqa: BLE001 - compared below
+            got = raised(lambda: ours.run(None, {"x": feed}))  # noqa: B023 - called here
+            if type(exc) is RuntimeError:  # the binding's own: ours is RuntimeException
+                assert isinstance(got, ep.RuntimeException), (feed, got)
+            else:  # a status error: the same name
+                assert type(got).__name__ == type(exc).__name__, (feed, exc, got)
+            assert str(exc).split(" : ")[-1] in str(got), (feed, exc, got)
+            continue
+        got = ours.run(None, {"x": feed})[0]
+        assert got.dtype == want.dtype and got.shape == want.shape, feed
+        assert got.tolist() == want.tolist(), feed
