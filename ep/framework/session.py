@@ -215,6 +215,10 @@ class InferenceSession:
         return {p.type: {str(k): str(v) for k, v in p.context.provider_options.items()}
                 for p in self._providers}
 
+    def get_profiling_start_time_ns(self) -> int:
+        """When profiling started (ns since the epoch, as ``time.time_ns``); 0 when it is off."""
+        return self._profiler.start_ns
+
     def get_session_options(self) -> SessionOptions:
         """The options the session was created with."""
         return self._sess_options
@@ -376,6 +380,7 @@ class Profiler:
         self.enabled = bool(options.enable_profiling)
         self.prefix = options.profile_file_prefix
         self.origin = time.perf_counter()
+        self.start_ns = time.time_ns() if self.enabled else 0  # onnxruntime: 0 when off
         self.events: list[dict[str, Any]] = []
         self._last: dict[str, float] = {}
 

@@ -4,6 +4,7 @@ runs; the session is unchanged after (the next good run gives onnxruntime's valu
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -231,3 +232,17 @@ def test_feeds_that_are_not_arrays_as_onnxruntime_takes_them(elem_type) -> None:
         got = ours.run(None, {"x": feed})[0]
         assert got.dtype == want.dtype and got.shape == want.shape, feed
         assert got.tolist() == want.tolist(), feed
+
+
+def test_profiling_start_time_as_onnxruntime(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the profiles end_profiling writes
+    model = two_outputs()
+    for lib in (ort, ep):
+        assert lib.InferenceSession(model, providers=["CPUExecutionProvider"]) \
+            .get_profiling_start_time_ns() == 0
+        options = lib.SessionOptions()
+        options.enable_profiling = True
+        before = time.time_ns()
+        session = lib.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+        assert before <= session.get_profiling_start_time_ns() <= time.time_ns()
+        session.end_profiling()
