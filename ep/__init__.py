@@ -6,6 +6,7 @@ after ONNX Runtime's status codes, so code written for onnxruntime ports by chan
 """
 
 import onnxruntime as _onnxruntime
+from onnxruntime import OrtValue
 
 from . import npusim  # noqa: F401 - registers NpuSimExecutionProvider
 from .errors import (
@@ -23,6 +24,7 @@ from .errors import (
     RuntimeException,
     UnknownProvider,
 )
+from .framework.io_binding import IOBinding
 from .framework.model_compiler import ModelCompiler, OrtCompileApiFlags
 from .framework.options import (
     ExecutionMode,
@@ -47,6 +49,7 @@ __all__ = [
     "ExecutionOrder",
     "Fail",
     "GraphOptimizationLevel",
+    "IOBinding",
     "InferenceSession",
     "InvalidArgument",
     "InvalidGraph",
@@ -60,6 +63,7 @@ __all__ = [
     "NotImplemented",
     "OrtCompileApiFlags",
     "OrtError",
+    "OrtValue",
     "RunOptions",
     "RuntimeException",
     "SessionOptions",

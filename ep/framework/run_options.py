@@ -65,9 +65,7 @@ def check_run(output_names: Any, input_feed: Any, run_options: Any) -> list[str]
                        f"onnxruntime::logging::Severity value: {level}")
         if run_options.terminate:
             raise Fail("Exiting due to terminate flag being set to true.")
-    if not isinstance(input_feed, Mapping):
-        raise TypeError(f"run(): input_feed must be a dict of input names to values, got "
-                        f"{type(input_feed).__name__}")
+    check_mapping(input_feed)
     if output_names is None:
         return None
     if isinstance(output_names, (str, bytes)) or not isinstance(output_names, Sequence) or \
@@ -75,3 +73,11 @@ def check_run(output_names: Any, input_feed: Any, run_options: Any) -> list[str]
         raise TypeError(f"run(): output_names must be a list of output names (strings) or "
                         f"None, got {output_names!r}")
     return list(output_names) or None
+
+
+def check_mapping(input_feed: Any) -> Mapping[str, Any]:
+    """``input_feed``, which must be a mapping of input names to values (a ``TypeError``)."""
+    if not isinstance(input_feed, Mapping):
+        raise TypeError(f"run(): input_feed must be a dict of input names to values, got "
+                        f"{type(input_feed).__name__}")
+    return input_feed

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime
+from onnxruntime import OrtValue
 
 from ..errors import EPFail, Fail
 from . import fallback, optimized_model
@@ -43,11 +44,12 @@ from .executor import PlanExecutor, type_string
 from .files import atomic_write
 from .gc_pause import creation
 from .graph import GraphView, dims
+from .io_binding import IOBinding, as_arrays
 from .options import EP_CONTEXT_ENABLE, SessionOptions, config_flag
 from .pipeline import construct
 from .provider import CompiledNode
 from .registry import ProviderSpec, available_providers, normalize_provider_args
-from .run_options import check_run
+from .run_options import check_mapping, check_run
 from .tensors import restore_raw_data
 
 
@@ -150,12 +152,43 @@ class InferenceSession:
         try:
             return self._run(input_feed, wanted)
         except EPFail as err:
-            if not self._enable_fallback:
-                raise
-            fallback.report_run(err, self.get_providers())
-            self.set_providers(fallback.PROVIDERS)
-            self.disable_fallback()
+            self._fall_back(err)
             return self._run(input_feed, wanted)
+
+    def run_with_ort_values(self, output_names: Sequence[str] | None,
+                            input_dict_ort_values: Mapping[str, Any],
+                            run_options: Any = None) -> list[Any]:
+        """:meth:`run` with ``OrtValue`` inputs and outputs (onnxruntime's own class, on the
+        CPU; :mod:`ep.framework.io_binding`)."""
+        feeds = as_arrays(dict(check_mapping(input_dict_ort_values)))
+        return [OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value))
+                for value in self.run(output_names, feeds, run_options)]
+
+    def io_binding(self) -> IOBinding:
+        """A new :class:`~ep.framework.io_binding.IOBinding` of this session."""
+        return IOBinding(self)
+
+    def run_with_iobinding(self, iobinding: IOBinding, run_options: Any = None) -> None:
+        """Run on the inputs ``iobinding`` holds, into the outputs it binds (onnxruntime runs
+        a binding without the EP-error fallback)."""
+        if not isinstance(iobinding, IOBinding):
+            raise TypeError(f"run_with_iobinding(): expected an IOBinding of this session "
+                            f"(session.io_binding()), got {type(iobinding).__name__}")
+        iobinding.run(run_options)
+
+    def run_bound(self, output_names: Sequence[str], input_feed: Mapping[str, Any],
+                  run_options: Any = None) -> list[np.ndarray]:
+        """:meth:`run` without the fallback, for :class:`IOBinding`."""
+        return self._run(input_feed, check_run(output_names, input_feed, run_options))
+
+    def _fall_back(self, err: EPFail) -> None:
+        """Re-create the session on the fallback providers after ``err``, as onnxruntime does;
+        raise ``err`` if the fallback is off."""
+        if not self._enable_fallback:
+            raise err
+        fallback.report_run(err, self.get_providers())
+        self.set_providers(fallback.PROVIDERS)
+        self.disable_fallback()
 
     def _run(self, input_feed: Mapping[str, Any], wanted: list[str] | None) -> list[np.ndarray]:
         started = time.perf_counter()

@@ -1,0 +1,142 @@
+"""IOBinding and OrtValue runs (ep.framework.io_binding) against the installed onnxruntime on
+the same model: the same outputs, written where they are bound, and the same refusals."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import ep
+
+NPU = ["NpuSimExecutionProvider", "CPUExecutionProvider"]
+X = np.array([[-1.5, 2.0, 0.5], [3.0, -4.0, 1.0]], np.float32)
+
+
+def relu_and_sum() -> bytes:
+    """y = Relu(x) (2x3), s = ReduceSum(y) over axis 1 (2): two outputs, on the NPU."""
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"]),
+         helper.make_node("ReduceSum", ["y", "axes"], ["s"], keepdims=0)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT, [2])], [axes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+@pytest.fixture(scope="module")
+def both() -> list:
+    ours = ep.InferenceSession(relu_and_sum(), providers=NPU, enable_fallback=0)
+    assert set(ours.get_node_assignment().values()) == {"NpuSimExecutionProvider"}
+    return [ort.InferenceSession(relu_and_sum(), providers=["CPUExecutionProvider"]), ours]
+
+
+def each(both: list, act: Callable) -> list:
+    """``act(session)`` on onnxruntime's and ours: its result, or the exception raised."""
+    out = []
+    for session in both:
+        try:
+            out.append(act(session))
+        except Exception as exc:  # noqa: BLE001 - compared by the caller
+            out.append(exc)
+    return out
+
+
+def test_allocated_outputs_in_the_order_bound(both) -> None:
+    def act(session):
+        binding = session.io_binding()
+        binding.bind_cpu_input("x", X)
+        binding.bind_output("s")
+        binding.bind_output("y")
+        session.run_with_iobinding(binding)
+        got = [v.numpy() for v in binding.get_outputs()]
+        assert all(isinstance(v, ort.OrtValue) for v in binding.get_outputs())
+        copied = binding.copy_outputs_to_cpu()
+        for a, b in zip(got, copied, strict=True):
+            np.testing.assert_array_equal(a, b)
+        return got
+
+    theirs, ours = each(both, act)
+    for a, b in zip(ours, theirs, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_outputs_written_into_bound_memory(both) -> None:
+    def act(session):
+        y, s = np.full((2, 3), 7, np.float32), ort.OrtValue.ortvalue_from_numpy(
+            np.full(2, 7, np.float32))
+        binding = session.io_binding()
+        binding.bind_input("x", "cpu", 0, np.float32, list(X.shape), X.ctypes.data)
+        binding.bind_output("y", "cpu", 0, np.float32, [2, 3], y.ctypes.data)
+        binding.bind_ortvalue_output("s", s)
+        session.run_with_iobinding(binding)
+        return y.copy(), s.numpy()
+
+    theirs, ours = each(both, act)
+    for a, b in zip(ours, theirs, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_a_rebound_input_and_an_ortvalue_input(both) -> None:
+    def act(session):
+        binding = session.io_binding()
+        binding.bind_ortvalue_input("x", ort.OrtValue.ortvalue_from_numpy(X))
+        binding.bind_output("y")
+        session.run_with_iobinding(binding)
+        first = binding.copy_outputs_to_cpu()[0]
+        binding.bind_cpu_input("x", -X)
+        session.run_with_iobinding(binding)
+        return first, binding.copy_outputs_to_cpu()[0]
+
+    theirs, ours = each(both, act)
+    for a, b in zip(ours, theirs, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("case", ["unknown input", "no output", "wrong output shape",
+                                  "npu device", "inputs cleared"])
+def test_refusals_as_in_onnxruntime(both, case) -> None:
+    def act(session):
+        binding = session.io_binding()
+        if case == "unknown input":
+            binding.bind_cpu_input("q", X)
+        elif case == "npu device":
+            binding.bind_input("x", "npu", 0, np.float32, [2, 3], X.ctypes.data)
+        binding.bind_cpu_input("x", X)
+        if case == "wrong output shape":
+            buffer = np.zeros(3, np.float32)
+            binding.bind_output("s", "cpu", 0, np.float32, [3], buffer.ctypes.data)
+        elif case != "no output":
+            binding.bind_output("s")
+        if case == "inputs cleared":
+            binding.clear_binding_inputs()
+        session.run_with_iobinding(binding)
+
+    theirs, ours = each(both, act)
+    assert isinstance(theirs, RuntimeError), theirs  # onnxruntime's binding: plain
+    assert isinstance(ours, RuntimeError), ours
+    if case in ("unknown input", "no output"):
+        assert str(theirs) in str(ours)
+    # the session is unchanged
+    np.testing.assert_array_equal(both[1].run(["y"], {"x": X})[0], np.maximum(X, 0))
+
+
+def test_run_with_ort_values(both) -> None:
+    def act(session):
+        values = session.run_with_ort_values(["s", "y"],
+                                             {"x": ort.OrtValue.ortvalue_from_numpy(X)})
+        assert all(isinstance(v, ort.OrtValue) for v in values)
+        return [v.numpy() for v in values]
+
+    theirs, ours = each(both, act)
+    for a, b in zip(ours, theirs, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    with pytest.raises(TypeError, match="must be an OrtValue"):
+        both[1].run_with_ort_values(None, {"x": X})
+    assert ep.OrtValue is ort.OrtValue
