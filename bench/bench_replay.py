@@ -85,8 +85,8 @@ def recording_overhead(repeat: int) -> float:
     options.enable_profiling = True
     options.profile_file_prefix = "/tmp/bench_replay_profile"
     providers = [("NpuSimExecutionProvider", {"functional": "0"})]
-    profiling = ep.InferenceSession(str(LIGHT), options, providers=providers)
-    plain = ep.InferenceSession(str(LIGHT), providers=providers)
+    profiling = ep.InferenceSession(str(LIGHT), options, providers=providers, enable_fallback=0)
+    plain = ep.InferenceSession(str(LIGHT), providers=providers, enable_fallback=0)
     original = TraceRecorder.record
 
     def bare() -> None:

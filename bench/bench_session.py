@@ -63,7 +63,7 @@ def measure(args: argparse.Namespace) -> list[Figure]:
         print(f"session creation: source {from_source * 1e3:8.1f} ms, EPContext "
               f"{from_ctx * 1e3:8.1f} ms, speedup {from_source / from_ctx:6.1f}x (target >= 10x)")
 
-        npu = ep.InferenceSession(str(ctx))
+        npu = ep.InferenceSession(str(ctx), enable_fallback=0)
         cpu = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
         t_npu = median_seconds(lambda: npu.run(None, feeds), args.repeat)
         t_cpu = median_seconds(lambda: cpu.run(None, feeds), args.repeat)
@@ -73,7 +73,7 @@ def measure(args: argparse.Namespace) -> list[Figure]:
         print(f"simulated latency: {stats['cycles']} cycles = {stats['microseconds']:.1f} us")
 
         timing = ep.InferenceSession(str(ctx), providers=[
-            ("NpuSimExecutionProvider", {"functional": "0"})])
+            ("NpuSimExecutionProvider", {"functional": "0"})], enable_fallback=0)
         t_timing = median_seconds(lambda: timing.run(None, feeds), args.repeat)
         print(f"timing-only run:  {t_timing * 1e3:8.1f} ms wall (target < 50 ms), "
               f"{t_timing / t_cpu:6.2f}x onnxruntime CPU")
