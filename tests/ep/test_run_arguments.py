@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 import ep
@@ -246,3 +248,42 @@ def test_profiling_start_time_as_onnxruntime(tmp_path, monkeypatch) -> None:
         session = lib.InferenceSession(model, options, providers=["CPUExecutionProvider"])
         assert before <= session.get_profiling_start_time_ns() <= time.time_ns()
         session.end_profiling()
+
+
+SCALARS = st.one_of(st.integers(-300, 300), st.floats(-1e3, 1e3, allow_nan=False, width=32),
+                    st.booleans())
+LISTS = st.recursive(st.lists(SCALARS, max_size=4),
+                     lambda inner: st.lists(inner, min_size=1, max_size=3), max_leaves=12)
+
+
+@pytest.fixture(scope="module")
+def identities() -> dict[int, tuple[Any, Any]]:
+    sessions = {}
+    for elem_type in FEED_TYPES:
+        graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                                  [helper.make_tensor_value_info("x", elem_type, None)],
+                                  [helper.make_tensor_value_info("y", elem_type, None)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        sessions[elem_type] = (
+            ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]),
+            ep.InferenceSession(model.SerializeToString(), providers=NPU))
+    return sessions
+
+
+@given(feed=LISTS, elem_type=st.sampled_from(FEED_TYPES))
+@settings(max_examples=200)
+def test_any_list_feed_is_what_onnxruntime_makes_of_it(identities, feed, elem_type) -> None:
+    """Property: for any (possibly ragged) nested list of numbers and booleans, ep's run gives
+    onnxruntime's array (dtype, shape, values) or refuses it as onnxruntime does."""
+    theirs, ours = identities[elem_type]
+    try:
+        want = theirs.run(None, {"x": feed})[0]
+    except Exception as exc:  # noqa: BLE001 - compared below
+        got = raised(lambda: ours.run(None, {"x": feed}))
+        assert type(got).__name__ == type(exc).__name__ or (
+            type(exc) is RuntimeError and isinstance(got, ep.RuntimeException)), (exc, got)
+        return
+    got = ours.run(None, {"x": feed})[0]
+    assert (got.dtype, got.shape) == (want.dtype, want.shape)
+    assert got.tolist() == want.tolist() or np.array_equal(got, want, equal_nan=True)
