@@ -128,12 +128,7 @@ class SessionOptions:
 
     def get_session_config_entry(self, key: str) -> str:
         """The value of config entry ``key``; raises (like onnxruntime) if it was never set."""
-        try:
-            return self._config[key]
-        except KeyError:
-            raise RuntimeException(
-                f"SessionOptions does not have configuration with key: {key}"
-            ) from None
+        return config_entry(self._config, key, "SessionOptions")
 
     def has_session_config_entry(self, key: str) -> bool:
         """Whether config entry ``key`` was set."""
@@ -189,6 +184,15 @@ class SessionOptions:
     def free_dimension_overrides(self) -> dict[str, int]:
         """Dimension name -> value, from :meth:`add_free_dimension_override_by_name`."""
         return dict(self._free_dims)
+
+
+def config_entry(config: Mapping[str, str], key: str, owner: str) -> str:
+    """``config[key]``, or onnxruntime's ``RuntimeError`` for a key ``owner``
+    (``SessionOptions``, ``RunOptions``) never set."""
+    try:
+        return config[key]
+    except KeyError:
+        raise RuntimeException(f"{owner} does not have configuration with key: {key}") from None
 
 
 def config_flag(config: Mapping[str, str], key: str) -> bool:

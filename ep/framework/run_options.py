@@ -16,7 +16,8 @@ from typing import Any
 
 import onnxruntime
 
-from ..errors import Fail, RuntimeException
+from ..errors import Fail
+from .options import config_entry
 
 #: onnxruntime's logging severities: verbose, info, warning, error, fatal; -1 is the session's.
 SEVERITIES = range(0, 5)
@@ -45,11 +46,7 @@ class RunOptions:
 
     def get_run_config_entry(self, key: str) -> str:
         """The value of run config entry ``key``; raises (like onnxruntime) if never set."""
-        try:
-            return self._config[key]
-        except KeyError:
-            raise RuntimeException(
-                f"RunOptions does not have configuration with key: {key}") from None
+        return config_entry(self._config, key, "RunOptions")
 
 
 def check_run(output_names: Any, input_feed: Any, run_options: Any) -> list[str] | None:
