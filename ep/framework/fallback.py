@@ -10,6 +10,10 @@ stdout. Its status errors (``InvalidGraph``, ``Fail``, ``NoSuchFile``...) are no
 name. Either fallback happens only while the session's fallback is enabled: by default, not
 with ``enable_fallback=0``, and never again after one fallback (``disable_fallback``).
 
+The other CPU fallback, of nodes: every node no provider before ``CPUExecutionProvider``
+takes runs on it, unless ``session.disable_cpu_ep_fallback`` is ``"1"``; then such a session
+fails (:func:`check_cpu_ep_fallback`), with onnxruntime's status and words.
+
 Tools that judge the NPU (the testing kit, the fuzzer, the CLI) create their sessions with
 ``enable_fallback=0``: a fault of the simulated device must reach them, not be re-run on the
 CPU.
@@ -20,7 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import OrtError
+from ..errors import Fail, InvalidArgument, OrtError
+from .options import DISABLE_CPU_EP_FALLBACK
 
 #: The providers a session falls back to (onnxruntime's, for a build without CUDA).
 PROVIDERS = ["CPUExecutionProvider"]
@@ -49,3 +54,20 @@ def report_run(exc: BaseException, providers: list[str]) -> None:
     """What onnxruntime prints before re-running on the fallback providers."""
     print(f"EP Error: {exc!s} using {providers}")
     print(f"Falling back to {PROVIDERS} and retrying.")
+
+
+def check_cpu_ep_fallback(config: Mapping[str, str], cpu_named: bool,
+                          providers_used: list[str]) -> None:
+    """With ``session.disable_cpu_ep_fallback=1``: ``InvalidArgument`` if the session's
+    providers name ``CPUExecutionProvider`` (``cpu_named``), ``Fail`` if any partition runs on
+    it (``providers_used``), in onnxruntime's order; other values leave the fallback on, as in
+    onnxruntime."""
+    if config.get(DISABLE_CPU_EP_FALLBACK) != "1":
+        return
+    if cpu_named:
+        raise InvalidArgument("Conflicting session configuration: explicitly added the CPU EP "
+                              "to the session, but also disabled fallback to the CPU EP via "
+                              "session configuration options.")
+    if PROVIDERS[0] in providers_used:
+        raise Fail("This session contains graph nodes that are assigned to the default CPU EP, "
+                   "but fallback to CPU EP has been explicitly disabled by the user.")

@@ -29,6 +29,7 @@ EXTERNAL_INITIALIZERS_FOLDER = "session.model_external_initializers_file_folder_
 SHARE_EP_CONTEXTS = "ep.share_ep_contexts"
 STOP_SHARE_EP_CONTEXTS = "ep.stop_share_ep_contexts"
 DISABLE_MODEL_COMPILE = "session.disable_model_compile"
+DISABLE_CPU_EP_FALLBACK = "session.disable_cpu_ep_fallback"
 INTRA_OP_THREADS = "session.intra_op.num_threads"
 
 _BOOLEAN_KEYS = (EP_CONTEXT_ENABLE, SHARE_EP_CONTEXTS, STOP_SHARE_EP_CONTEXTS,

@@ -108,6 +108,8 @@ class InferenceSession:
         options = self._sess_options
         config = options.config_entries()
         profiler = Profiler(options)
+        named = providers if providers is not None else \
+            options.providers if options.has_providers() else []
         if providers is None and provider_options is None and options.has_providers():
             specs = normalize_provider_args(options.providers, None)
         else:
@@ -126,6 +128,8 @@ class InferenceSession:
             free_dims=options.free_dimension_overrides,
             make_writer=lambda path: ContextWriter(config, path) if ctx else None,
             wrap=profiler.wrap)
+        used = [part.provider for part in built.plan.partitions if part.nodes]
+        fallback.check_cpu_ep_fallback(config, fallback.PROVIDERS[0] in _names(named), used)
         if options.optimized_model_filepath:
             optimized_model.write(self._source, options,
                                   [part.provider for part in built.plan.partitions])
@@ -371,6 +375,12 @@ class NodeArg:
 
     def __repr__(self) -> str:
         return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape})"
+
+
+def _names(providers: Any) -> list[str]:
+    """The provider names in a ``providers`` argument (names, pairs or instances)."""
+    return [p if isinstance(p, str) else p[0] if isinstance(p, tuple) and p else
+            getattr(p, "type", None) for p in providers]
 
 
 def node_arg(graph: GraphView, name: str) -> NodeArg:

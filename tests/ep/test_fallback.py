@@ -94,3 +94,44 @@ def test_a_bad_model_is_raised_without_a_fallback(capsys) -> None:
             lib.InferenceSession(b"not a model")
         assert type(info.value).__name__ == "InvalidProtobuf"
     assert capsys.readouterr().out == ""
+
+
+def with_disabled_cpu_fallback(value: str = "1") -> tuple:
+    options = []
+    for lib in (ort, ep):
+        so = lib.SessionOptions()
+        so.log_severity_level = 3
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", value)
+        options.append(so)
+    return tuple(options)
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["cpu not named", "cpu named"])
+def test_disabled_cpu_ep_fallback_refuses_cpu_nodes_as_onnxruntime(named) -> None:
+    """A node on the CPU provider fails the session (FAIL); the CPU provider named together
+    with the option is a conflict (INVALID_ARGUMENT); the same words as onnxruntime's. Ours
+    keeps the Gather on the CPU by the NPU's ``cpu_nodes`` option when the CPU is not named."""
+    theirs_so, ours_so = with_disabled_cpu_fallback()
+    cpu = ["CPUExecutionProvider"]
+    with pytest.raises(Exception) as theirs:
+        ort.InferenceSession(gather(), theirs_so, providers=cpu if named else None)
+    with pytest.raises(ep.OrtError) as ours:
+        ep.InferenceSession(gather(), ours_so, providers=cpu if named else [
+            ("NpuSimExecutionProvider", {"cpu_nodes": "gather"})])
+    assert type(ours.value).__name__ == type(theirs.value).__name__
+    assert str(ours.value) == str(theirs.value)
+
+
+def test_disabled_cpu_ep_fallback_lets_a_model_all_on_the_npu_run() -> None:
+    _, options = with_disabled_cpu_fallback()
+    session = ep.InferenceSession(gather(), options, providers=["NpuSimExecutionProvider"])
+    assert session.get_node_assignment() == {"gather": "NpuSimExecutionProvider"}
+    np.testing.assert_array_equal(session.run(None, GOOD)[0], [[0, 1, 2], [9, 10, 11]])
+
+
+def test_other_values_leave_the_cpu_ep_fallback_on_as_in_onnxruntime() -> None:
+    theirs_so, ours_so = with_disabled_cpu_fallback("yes")
+    want = ort.InferenceSession(gather(), theirs_so,
+                                providers=["CPUExecutionProvider"]).run(None, GOOD)[0]
+    ours = ep.InferenceSession(gather(), ours_so, providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(ours.run(None, GOOD)[0], want)
