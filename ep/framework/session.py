@@ -39,6 +39,7 @@ from onnxruntime import OrtValue
 
 from ..errors import EPFail, Fail
 from . import fallback, optimized_model
+from .assignment import EpAssignedSubgraph, assignment_info
 from .context_writer import ContextWriter
 from .executor import PlanExecutor, type_string
 from .files import atomic_write
@@ -133,7 +134,7 @@ class InferenceSession:
         if options.optimized_model_filepath:
             optimized_model.write(self._source, options,
                                   [part.provider for part in built.plan.partitions])
-        self._profiler = profiler
+        self._profiler, self._config = profiler, config
         self._model, self._model_path = built.source, built.model_path
         self._weights: dict[str, np.ndarray] | None = built.weights
         self._providers, self._graph, self._plan = built.providers, built.graph, built.plan
@@ -290,6 +291,11 @@ class InferenceSession:
     def get_decline_reasons(self) -> dict[str, dict[str, str]]:
         """Node name -> {provider: why it declined} for nodes a provider did not take."""
         return {k: dict(v) for k, v in self._plan.reasons.items()}
+
+    def get_provider_graph_assignment_info(self) -> list[EpAssignedSubgraph]:
+        """The subgraphs each provider took (:mod:`ep.framework.assignment`), when the session
+        was made with ``session.record_ep_graph_assignment_info=1``."""
+        return assignment_info(self._config, self._graph, self._plan)
 
     def get_partitions(self) -> list[dict[str, Any]]:
         """The partitions in execution order: name, provider, node names, inputs, outputs."""

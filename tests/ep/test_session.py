@@ -298,3 +298,35 @@ def test_random_graphs_match_onnxruntime(model: onnx.ModelProto) -> None:
     assert set(session.get_node_assignment()) == {n.name for n in session._graph.nodes}
     for got, want in zip(session.run(None, feeds), ort_run(data, feeds), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def assignment(session) -> list[tuple[str, list[tuple[str, str, str]]]]:
+    return [(s.ep_name, [(n.name, n.domain, n.op_type) for n in s.get_nodes()])
+            for s in session.get_provider_graph_assignment_info()]
+
+
+def test_provider_graph_assignment_info_as_onnxruntime(model_path: str) -> None:
+    """All on the CPU provider: onnxruntime's list, node by node; on the NPU: its partitions,
+    each one subgraph; without the config entry, onnxruntime's Fail."""
+    sessions = []
+    for lib in (ort, ep):
+        options = lib.SessionOptions()
+        options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+        sessions.append(lib.InferenceSession(model_path, options,
+                                             providers=["CPUExecutionProvider"]))
+    assert assignment(sessions[1]) == assignment(sessions[0])
+    with pytest.raises(Exception) as theirs:
+        ort.InferenceSession(model_path).get_provider_graph_assignment_info()
+    with pytest.raises(ep.Fail) as ours:
+        ep.InferenceSession(model_path).get_provider_graph_assignment_info()
+    assert str(ours.value) == str(theirs.value)
+    options = ep.SessionOptions()
+    options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    toy = ep.InferenceSession(model_path, options, providers=[ToyExecutionProvider()])
+    want = []
+    for part in toy.get_partitions():  # mixed_model's nodes all have names
+        groups = [[n] for n in part["nodes"]] if part["provider"] == "CPUExecutionProvider" \
+            else [part["nodes"]]
+        want += [(part["provider"], group) for group in groups]
+    assert {p for p, _ in want} == {TOY, "CPUExecutionProvider"}
+    assert [(p, [n[0] for n in nodes]) for p, nodes in assignment(toy)] == want
