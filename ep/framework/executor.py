@@ -157,14 +157,19 @@ def _optional(graph: GraphView, name: str) -> bool:
     return vi is not None and vi.type.HasField("optional_type")
 
 
-def check_feeds(graph: GraphView, feeds: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate ``feeds`` against the graph inputs with onnxruntime's messages and classes: a
-    missing input is the ``ValueError`` of its Python layer, the rest its ``InvalidArgument``.
-    Inputs of an optional type may be left out: they are None, as onnxruntime takes them."""
+def check_present(graph: GraphView, feeds: Mapping[str, Any]) -> None:
+    """The ``ValueError`` of onnxruntime's Python layer if a required input is not fed."""
     missing = [n for n in graph.inputs if n not in feeds and not _optional(graph, n)]
     if missing:
         raise ValueError(f"Required inputs ({missing}) are missing from input feed "
                          f"({list(feeds)}).")
+
+
+def check_feeds(graph: GraphView, feeds: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate ``feeds`` against the graph inputs with onnxruntime's messages and classes: a
+    missing input is the ``ValueError`` of its Python layer, the rest its ``InvalidArgument``.
+    Inputs of an optional type may be left out: they are None, as onnxruntime takes them."""
+    check_present(graph, feeds)
     out: dict[str, Any] = {n: None for n in graph.inputs if n not in feeds}
     for name, raw in feeds.items():
         if name not in graph.inputs:

@@ -26,9 +26,10 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,11 +38,11 @@ import onnx
 import onnxruntime
 from onnxruntime import OrtValue
 
-from ..errors import EPFail, Fail
+from ..errors import EPFail, Fail, InvalidArgument
 from . import fallback, optimized_model
 from .assignment import EpAssignedSubgraph, assignment_info
 from .context_writer import ContextWriter
-from .executor import PlanExecutor, type_string
+from .executor import PlanExecutor, check_present, type_string
 from .files import atomic_write
 from .gc_pause import creation
 from .graph import GraphView, dims
@@ -159,6 +160,30 @@ class InferenceSession:
         except EPFail as err:
             self._fall_back(err)
             return self._run(input_feed, wanted)
+
+    def run_async(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
+                  callback: Callable[[list[np.ndarray], Any, str], object], user_data: Any,
+                  run_options: Any = None) -> None:
+        """:meth:`run` on another thread, as onnxruntime's: the arguments and the inputs'
+        presence are checked here (raising as :meth:`run` does), then
+        ``callback(outputs, user_data, "")`` is called from that thread, or
+        ``callback([], user_data, message)`` if the run failed (no EP-error fallback, as in
+        onnxruntime). The device serializes runs of one session."""
+        wanted = check_run(output_names, input_feed, run_options)
+        check_present(self._graph, input_feed)
+        # onnxruntime's asynchronous path words this one with a space (its run does not)
+        unknown = [name for name in wanted or () if name not in self._graph.outputs]
+
+        def work() -> None:
+            try:
+                if unknown:
+                    raise InvalidArgument(f"Invalid output name: {unknown[0]}")
+                results, error = self._run(input_feed, wanted), ""
+            except Exception as exc:  # noqa: BLE001 - reported to the callback, as onnxruntime
+                results, error = [], getattr(exc, "message", str(exc))
+            callback(results, user_data, error)
+
+        threading.Thread(target=work, name="ep-run-async", daemon=True).start()
 
     def run_with_ort_values(self, output_names: Sequence[str] | None,
                             input_dict_ort_values: Mapping[str, Any],

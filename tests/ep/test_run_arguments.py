@@ -4,6 +4,7 @@ runs; the session is unchanged after (the next good run gives onnxruntime's valu
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -287,3 +288,30 @@ def test_any_list_feed_is_what_onnxruntime_makes_of_it(identities, feed, elem_ty
     got = ours.run(None, {"x": feed})[0]
     assert (got.dtype, got.shape) == (want.dtype, want.shape)
     assert got.tolist() == want.tolist() or np.array_equal(got, want, equal_nan=True)
+
+
+def test_run_async_calls_back_as_onnxruntime(sessions) -> None:
+    """Results (or the failure's message) reach the callback from another thread, with the
+    user data; a missing input is raised at the call, before any thread."""
+    calls = []
+    for session in sessions:
+        done = threading.Event()
+        got: list = []
+
+        def callback(results, user_data, error, got=got, done=done) -> None:
+            got.append((results, user_data, error))
+            done.set()
+
+        session.run_async(["y"], {"x": X}, callback, "data")
+        assert done.wait(30)
+        done.clear()
+        session.run_async(["q"], {"x": X}, callback, 7)
+        assert done.wait(30)
+        calls.append(got)
+        with pytest.raises(ValueError, match=r"Required inputs \(\['x'\]\) are missing"):
+            session.run_async(None, {}, callback, None)
+    (theirs_ok, theirs_bad), (ours_ok, ours_bad) = calls
+    np.testing.assert_array_equal(ours_ok[0][0], theirs_ok[0][0])
+    assert ours_ok[1:] == theirs_ok[1:] == ("data", "")
+    assert ours_bad[:2] == theirs_bad[:2] == ([], 7)
+    assert ours_bad[2] == theirs_bad[2]  # onnxruntime's message, no prefix
