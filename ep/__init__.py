@@ -70,8 +70,22 @@ __all__ = [
     "UnknownProvider",
     "get_all_providers",
     "get_available_providers",
+    "get_build_info",
     "get_device",
+    "get_version_string",
+    "set_default_logger_severity",
+    "set_default_logger_verbosity",
+    "set_seed",
 ]
+
+# Process-wide settings of onnxruntime, which runs the CPU provider's partitions here: its
+# logger (user code silences it with set_default_logger_severity(3)), the seed of its random
+# operators, and its version and build strings.
+get_build_info = _onnxruntime.get_build_info
+get_version_string = _onnxruntime.get_version_string
+set_default_logger_severity = _onnxruntime.set_default_logger_severity
+set_default_logger_verbosity = _onnxruntime.set_default_logger_verbosity
+set_seed = _onnxruntime.set_seed
 
 #: The onnxruntime API this package mirrors is the installed onnxruntime's: code that checks
 #: ``onnxruntime.__version__`` before using a feature checks the same here. npu-sim's own

@@ -201,6 +201,9 @@ def test_module_functions_onnxruntime_code_calls() -> None:
     assert ep.get_all_providers()[:1] == ["NpuSimExecutionProvider"]
     assert ep.get_all_providers()[1:] == ort.get_all_providers()
     assert set(ep.get_available_providers()) <= set(ep.get_all_providers())
+    for name in ("get_build_info", "get_version_string", "set_default_logger_severity",
+                 "set_default_logger_verbosity", "set_seed"):  # onnxruntime's, which runs the CPU
+        assert getattr(ep, name) is getattr(ort, name), name
 
 
 FEED_TYPES = [TensorProto.FLOAT, TensorProto.INT64, TensorProto.UINT8, TensorProto.BOOL,
