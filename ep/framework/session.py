@@ -169,6 +169,9 @@ class InferenceSession:
         ``callback(outputs, user_data, "")`` is called from that thread, or
         ``callback([], user_data, message)`` if the run failed (no EP-error fallback, as in
         onnxruntime). The device serializes runs of one session."""
+        if not callable(callback):
+            raise TypeError(f"run_async(): callback must be callable as callback(outputs, "
+                            f"user_data, error), got {type(callback).__name__}")
         wanted = check_run(output_names, input_feed, run_options)
         check_present(self._graph, input_feed)
         # onnxruntime's asynchronous path words this one with a space (its run does not)

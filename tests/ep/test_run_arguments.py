@@ -313,6 +313,8 @@ def test_run_async_calls_back_as_onnxruntime(sessions) -> None:
         calls.append(got)
         with pytest.raises(ValueError, match=r"Required inputs \(\['x'\]\) are missing"):
             session.run_async(None, {}, callback, None)
+        with pytest.raises(TypeError):  # onnxruntime's binding refuses it at the call
+            session.run_async(None, {"x": X}, 3, None)
     (theirs_ok, theirs_bad), (ours_ok, ours_bad) = calls
     np.testing.assert_array_equal(ours_ok[0][0], theirs_ok[0][0])
     assert ours_ok[1:] == theirs_ok[1:] == ("data", "")
