@@ -81,8 +81,16 @@ class SessionOptions:
     optimized model there, and fails a session with compiled nodes: an NPU partition is one).
     The others (``execution_mode``, ``execution_order``, the memory arena and pattern
     switches, logging, determinism, per-session threads) start at the installed onnxruntime's
-    defaults and are accepted for compatibility.
+    defaults and are accepted for compatibility. Any other attribute is an ``AttributeError``,
+    as on onnxruntime's: a misspelt option is refused, not silently ignored.
     """
+
+    __slots__ = ("enable_profiling", "profile_file_prefix", "intra_op_num_threads",
+                 "inter_op_num_threads", "graph_optimization_level", "execution_mode",
+                 "execution_order", "optimized_model_filepath", "log_severity_level",
+                 "log_verbosity_level", "logid", "enable_cpu_mem_arena", "enable_mem_pattern",
+                 "enable_mem_reuse", "use_deterministic_compute", "use_per_session_threads",
+                 "_config", "_providers", "_free_dims")
 
     def __init__(self) -> None:
         self.enable_profiling = False

@@ -27,7 +27,11 @@ class RunOptions:
     """Options of one run, with onnxruntime's attributes and defaults: ``log_severity_level``
     (-1: the session's), ``log_verbosity_level``, ``logid``, ``only_execute_path_to_fetches``
     (a run here only ever executes the partitions its outputs need) and ``terminate`` (a run
-    started with it set fails at once, as onnxruntime's does)."""
+    started with it set fails at once, as onnxruntime's does). Any other attribute is an
+    ``AttributeError``, as on onnxruntime's."""
+
+    __slots__ = ("log_severity_level", "log_verbosity_level", "logid",
+                 "only_execute_path_to_fetches", "terminate", "_config")
 
     def __init__(self) -> None:
         self.log_severity_level = -1

@@ -320,3 +320,13 @@ def test_run_async_calls_back_as_onnxruntime(sessions) -> None:
     assert ours_ok[1:] == theirs_ok[1:] == ("data", "")
     assert ours_bad[:2] == theirs_bad[:2] == ([], 7)
     assert ours_bad[2] == theirs_bad[2]  # onnxruntime's message, no prefix
+
+
+@pytest.mark.parametrize("make", ["SessionOptions", "RunOptions"])
+def test_a_misspelt_option_is_refused_as_onnxruntime(make) -> None:
+    for lib in (ort, ep):
+        options = getattr(lib, make)()
+        with pytest.raises(AttributeError, match="enable_mem_patern"):
+            options.enable_mem_patern = False
+        options.log_severity_level = 3  # a real one is taken
+        assert options.log_severity_level == 3
