@@ -18,6 +18,7 @@ import onnxruntime
 
 from ..errors import InvalidArgument, RuntimeException
 from .registry import is_registered, known_elsewhere, unknown_provider
+from .typed_options import Option, boolean, int32, member, text
 
 # EPContext generation and loading (shared/reference/ort-ep-context-design.md).
 EP_CONTEXT_ENABLE = "ep.context_enable"
@@ -82,15 +83,33 @@ class SessionOptions:
     The others (``execution_mode``, ``execution_order``, the memory arena and pattern
     switches, logging, determinism, per-session threads) start at the installed onnxruntime's
     defaults and are accepted for compatibility. Any other attribute is an ``AttributeError``,
-    as on onnxruntime's: a misspelt option is refused, not silently ignored.
+    as on onnxruntime's: a misspelt option is refused, not silently ignored; a value of the
+    wrong type is a ``TypeError`` when it is set (:mod:`.typed_options`).
     """
 
-    __slots__ = ("enable_profiling", "profile_file_prefix", "intra_op_num_threads",
-                 "inter_op_num_threads", "graph_optimization_level", "execution_mode",
-                 "execution_order", "optimized_model_filepath", "log_severity_level",
-                 "log_verbosity_level", "logid", "enable_cpu_mem_arena", "enable_mem_pattern",
-                 "enable_mem_reuse", "use_deterministic_compute", "use_per_session_threads",
-                 "_config", "_providers", "_free_dims")
+    __slots__ = ("_enable_profiling", "_profile_file_prefix", "_intra_op_num_threads",
+                 "_inter_op_num_threads", "_graph_optimization_level", "_execution_mode",
+                 "_execution_order", "_optimized_model_filepath", "_log_severity_level",
+                 "_log_verbosity_level", "_logid", "_enable_cpu_mem_arena",
+                 "_enable_mem_pattern", "_enable_mem_reuse", "_use_deterministic_compute",
+                 "_use_per_session_threads", "_config", "_providers", "_free_dims")
+
+    enable_profiling = Option(boolean)
+    profile_file_prefix = Option(text)
+    intra_op_num_threads = Option(int32)
+    inter_op_num_threads = Option(int32)
+    graph_optimization_level = Option(member(GraphOptimizationLevel))
+    execution_mode = Option(member(ExecutionMode))
+    execution_order = Option(member(ExecutionOrder))
+    optimized_model_filepath = Option(text)
+    log_severity_level = Option(int32)
+    log_verbosity_level = Option(int32)
+    logid = Option(text)
+    enable_cpu_mem_arena = Option(boolean)
+    enable_mem_pattern = Option(boolean)
+    enable_mem_reuse = Option(boolean)
+    use_deterministic_compute = Option(boolean)
+    use_per_session_threads = Option(boolean)
 
     def __init__(self) -> None:
         self.enable_profiling = False
@@ -144,10 +163,11 @@ class SessionOptions:
         return key in self._config
 
     def config_entries(self) -> dict[str, str]:
-        """A copy of every config entry, with the typed thread count folded in."""
+        """A copy of every config entry, with the typed thread count folded in (a count of 0 or
+        less is onnxruntime's default, as it takes it)."""
         entries = dict(self._config)
-        if self.intra_op_num_threads and INTRA_OP_THREADS not in entries:
-            entries[INTRA_OP_THREADS] = str(int(self.intra_op_num_threads))
+        if self.intra_op_num_threads > 0 and INTRA_OP_THREADS not in entries:
+            entries[INTRA_OP_THREADS] = str(self.intra_op_num_threads)
         return entries
 
     def add_provider(self, provider_type: str, provider_options: Mapping[str, Any]) -> None:

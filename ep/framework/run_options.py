@@ -18,6 +18,7 @@ import onnxruntime
 
 from ..errors import Fail
 from .options import config_entry
+from .typed_options import Option, boolean, int32, text
 
 #: onnxruntime's logging severities: verbose, info, warning, error, fatal; -1 is the session's.
 SEVERITIES = range(0, 5)
@@ -30,8 +31,14 @@ class RunOptions:
     started with it set fails at once, as onnxruntime's does). Any other attribute is an
     ``AttributeError``, as on onnxruntime's."""
 
-    __slots__ = ("log_severity_level", "log_verbosity_level", "logid",
-                 "only_execute_path_to_fetches", "terminate", "_config")
+    __slots__ = ("_log_severity_level", "_log_verbosity_level", "_logid",
+                 "_only_execute_path_to_fetches", "_terminate", "_config")
+
+    log_severity_level = Option(int32)
+    log_verbosity_level = Option(int32)
+    logid = Option(text)
+    only_execute_path_to_fetches = Option(boolean)
+    terminate = Option(boolean)
 
     def __init__(self) -> None:
         self.log_severity_level = -1

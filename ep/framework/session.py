@@ -38,7 +38,7 @@ import onnx
 import onnxruntime
 from onnxruntime import OrtValue
 
-from ..errors import EPFail, Fail, InvalidArgument
+from ..errors import EPFail, Fail, InvalidArgument, RuntimeException
 from . import fallback, optimized_model
 from .assignment import EpAssignedSubgraph, assignment_info
 from .context_writer import ContextWriter
@@ -51,7 +51,7 @@ from .options import EP_CONTEXT_ENABLE, SessionOptions, config_flag
 from .pipeline import construct
 from .provider import CompiledNode
 from .registry import ProviderSpec, available_providers, normalize_provider_args
-from .run_options import check_mapping, check_run
+from .run_options import SEVERITIES, check_mapping, check_run
 from .tensors import restore_raw_data
 
 
@@ -108,6 +108,10 @@ class InferenceSession:
                 provider_options: Sequence[Mapping[str, Any]] | None) -> None:
         started = time.perf_counter()
         options = self._sess_options
+        if options.log_severity_level != -1 and options.log_severity_level not in SEVERITIES:
+            raise RuntimeException("Invalid session log severity level. Not a valid "
+                                   f"onnxruntime::logging::Severity value: "
+                                   f"{options.log_severity_level}")
         config = options.config_entries()
         profiler = Profiler(options)
         named = providers if providers is not None else \

@@ -330,3 +330,47 @@ def test_a_misspelt_option_is_refused_as_onnxruntime(make) -> None:
             options.enable_mem_patern = False
         options.log_severity_level = 3  # a real one is taken
         assert options.log_severity_level == 3
+
+
+OPTION_VALUES = [("intra_op_num_threads", "x"), ("intra_op_num_threads", 2.5),
+                 ("intra_op_num_threads", 2**40), ("intra_op_num_threads", True),
+                 ("intra_op_num_threads", np.int64(2)), ("intra_op_num_threads", -1),
+                 ("inter_op_num_threads", "x"), ("graph_optimization_level", 5),
+                 ("graph_optimization_level", "x"), ("execution_mode", 1),
+                 ("enable_profiling", "yes"), ("enable_profiling", 0.0),
+                 ("enable_profiling", None), ("enable_mem_pattern", "no"),
+                 ("log_severity_level", "x"), ("log_severity_level", 5),
+                 ("log_severity_level", -2), ("log_verbosity_level", -3),
+                 ("optimized_model_filepath", 3), ("profile_file_prefix", None),
+                 ("logid", b"run"), ("use_deterministic_compute", np.bool_(True))]
+
+
+@pytest.mark.parametrize(("name", "value"), OPTION_VALUES, ids=repr)
+def test_session_option_values_as_onnxruntime_takes_them(name, value) -> None:
+    """A value onnxruntime's setter refuses is a TypeError when set; one it takes is stored
+    as it stores it; one its session creation refuses fails ours with the same words."""
+    outcome = []
+    for lib in (ort, ep):
+        options = lib.SessionOptions()
+        try:
+            setattr(options, name, value)
+        except TypeError as exc:
+            outcome.append(("set", exc))
+            continue
+        stored = getattr(options, name)
+        try:
+            lib.InferenceSession(two_outputs(), options, providers=["CPUExecutionProvider"],
+                                 enable_fallback=0)
+        except Exception as exc:  # noqa: BLE001 - compared below
+            outcome.append(("create", exc, stored))
+            continue
+        outcome.append(("ok", stored))
+    (theirs, *t_rest), (ours, *o_rest) = outcome
+    assert ours == theirs, outcome
+    if theirs == "ok":
+        assert o_rest[0] == t_rest[0] and type(o_rest[0]) is type(t_rest[0])  # as converted
+    if theirs == "create":
+        assert isinstance(o_rest[0], RuntimeError)
+        assert str(t_rest[0]).split(". ")[-1].strip() in str(o_rest[0])  # its ends in "\n"
+    if theirs == "set":
+        assert name in str(o_rest[0]) and repr(value) in str(o_rest[0])
