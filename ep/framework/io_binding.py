@@ -27,11 +27,29 @@ if TYPE_CHECKING:
 
 def cpu_array(device_type: str, element_type: Any, shape: Sequence[int],
               buffer_ptr: int, what: str) -> np.ndarray:
-    """The array over ``buffer_ptr`` (host memory the caller owns), for a ``"cpu"`` binding."""
+    """The array over ``buffer_ptr`` (host memory the caller owns), for a ``"cpu"`` binding.
+    What can be checked is: the device, the element type, the shape (non-negative integers)
+    and the pointer (a positive integer); that it points at that many bytes is the caller's
+    word, as in onnxruntime."""
+    where = f"Error when binding {what}"
     if str(device_type).lower() != "cpu":
-        raise RuntimeException(f"Error when binding {what}: there's no data transfer registered "
-                               f"for tensors on device {device_type!r}; only 'cpu' binds here")
-    dtype = np.dtype(element_type)
+        raise RuntimeException(f"{where}: there's no data transfer registered for tensors on "
+                               f"device {device_type!r}; only 'cpu' binds here")
+    try:
+        dtype = np.dtype(element_type)
+    except TypeError:
+        raise RuntimeException(f"{where}: element_type {element_type!r} is not a numpy "
+                               "type") from None
+    if dtype.hasobject or dtype.itemsize == 0:
+        raise RuntimeException(f"{where}: element_type {dtype} has no fixed-size elements")
+    if not isinstance(shape, Sequence) or isinstance(shape, str) or not all(
+            isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0
+            for d in shape):
+        raise RuntimeException(f"{where}: shape {shape!r} must be a list of integers >= 0")
+    if isinstance(buffer_ptr, bool) or not isinstance(buffer_ptr, (int, np.integer)) or \
+            buffer_ptr <= 0:
+        raise RuntimeException(f"{where}: buffer_ptr {buffer_ptr!r} must be the address of "
+                               "host memory (an integer > 0, as array.ctypes.data)")
     count = int(np.prod(shape, dtype=np.int64))
     raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(int(buffer_ptr))
     return np.frombuffer(raw, dtype).reshape(tuple(int(d) for d in shape))

@@ -140,3 +140,19 @@ def test_run_with_ort_values(both) -> None:
     with pytest.raises(TypeError, match="must be an OrtValue"):
         both[1].run_with_ort_values(None, {"x": X})
     assert ep.OrtValue is ort.OrtValue
+
+
+@pytest.mark.parametrize(("element_type", "shape", "pointer"), [
+    (np.float32, [2, 3], 0), (np.float32, [2, 3], -8), (np.float32, [2, 3], "0x10"),
+    (np.float32, [2, -3], None), (np.float32, "23", None), (object, [2, 3], None),
+    ("not a type", [2, 3], None)], ids=repr)
+def test_a_binding_that_cannot_be_memory_is_refused(both, element_type, shape, pointer) -> None:
+    """Never read: a null or negative address, a negative dimension, an element type without
+    a size; each is onnxruntime's RuntimeError class with what was wrong."""
+    binding = both[1].io_binding()
+    with pytest.raises(ep.RuntimeException, match="Error when binding input"):
+        binding.bind_input("x", "cpu", 0, element_type, shape,
+                           X.ctypes.data if pointer is None else pointer)
+    with pytest.raises(ep.RuntimeException, match="Error when binding output"):
+        binding.bind_output("y", "cpu", 0, element_type, shape,
+                            X.ctypes.data if pointer is None else pointer)
