@@ -219,6 +219,9 @@ def _load(path_or_bytes: str | os.PathLike[str] | bytes, config: Mapping[str, st
         folder = config.get(EXTERNAL_INITIALIZERS_FOLDER, "") or None
     elif isinstance(path_or_bytes, (str, os.PathLike)):
         model_path = os.fspath(path_or_bytes)
+        if os.path.isdir(model_path):  # opened, then not a model: onnxruntime's words
+            raise InvalidProtobuf(f"Load model from {model_path} failed:Protobuf parsing "
+                                  "failed.")
         if not os.path.isfile(model_path):
             raise NoSuchFile(f"Load model from {model_path} failed:Load model {model_path} "
                              "failed. File doesn't exist")

@@ -85,6 +85,8 @@ class InferenceSession:
         provider_options: Sequence[Mapping[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
+        if not isinstance(path_or_bytes, (str, os.PathLike, bytes)):  # onnxruntime's check
+            raise TypeError(f"Unable to load from type '{type(path_or_bytes)}'")
         if sess_options is not None and not isinstance(sess_options, SessionOptions):
             raise TypeError(f"sess_options must be an ep.SessionOptions, got "
                             f"{type(sess_options).__module__}.{type(sess_options).__name__}")

@@ -374,3 +374,16 @@ def test_session_option_values_as_onnxruntime_takes_them(name, value) -> None:
         assert str(t_rest[0]).split(". ")[-1].strip() in str(o_rest[0])  # its ends in "\n"
     if theirs == "set":
         assert name in str(o_rest[0]) and repr(value) in str(o_rest[0])
+
+
+@pytest.mark.parametrize("source", ["bytearray", "memoryview", "directory", "missing"])
+def test_model_sources_as_onnxruntime_takes_them(tmp_path, source) -> None:
+    model = two_outputs()
+    given = {"bytearray": bytearray(model), "memoryview": memoryview(model),
+             "directory": str(tmp_path), "missing": str(tmp_path / "nope.onnx")}[source]
+    with pytest.raises(Exception) as theirs:
+        ort.InferenceSession(given, providers=["CPUExecutionProvider"])
+    with pytest.raises(Exception) as ours:
+        ep.InferenceSession(given, providers=NPU)
+    assert type(ours.value).__name__ == type(theirs.value).__name__
+    assert str(ours.value) == str(theirs.value)
