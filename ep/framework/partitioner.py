@@ -38,7 +38,7 @@ from onnx import helper, numpy_helper
 from ..errors import EPFail, InvalidArgument
 from .cpu import CPUExecutionProvider
 from .graph import GraphView
-from .provider import ExecutionProvider, FusedNode
+from .provider import ExecutionProvider, FusedNode, provider_call
 
 CPU = CPUExecutionProvider.type
 
@@ -105,7 +105,8 @@ def partition(graph: GraphView, providers: Sequence[ExecutionProvider]) -> Parti
     reasons: dict[str, dict[str, str]] = {}
     for provider in ordered:
         view = graph.with_assigned(owner)
-        capabilities = provider.get_capability(view)
+        with provider_call(provider, "get_capability"):
+            capabilities = list(provider.get_capability(view))
         taken: set[int] = set()
         for cap in capabilities:
             group = []

@@ -44,7 +44,7 @@ from .graph import GraphView
 from .optimizer import optimize
 from .options import DISABLE_MODEL_COMPILE, EXTERNAL_INITIALIZERS_FOLDER, config_flag
 from .partitioner import CPU, PartitionPlan, partition
-from .provider import CompiledNode, ExecutionProvider
+from .provider import CompiledNode, ExecutionProvider, provider_call
 from .registry import build_providers
 from .shapes import WEIGHT_BYTES
 from .tensors import check_model_tensors, restore_raw_data, viewable
@@ -189,7 +189,8 @@ def compile_plan(plan: PartitionPlan, providers: Sequence[ExecutionProvider],
         fused = [plan.fused_node(p) for p in parts]
         if writer is not None:
             writer.name_fused(fused)
-        nodes = provider.compile(fused)
+        with provider_call(provider, "compile"):
+            nodes = list(provider.compile(fused))
         if len(nodes) != len(fused):
             raise EPFail(f"{provider.type}.compile returned {len(nodes)} compiled nodes for "
                          f"{len(fused)} fused nodes")

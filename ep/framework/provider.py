@@ -20,7 +20,8 @@ A user can write another EP in Python against this interface.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
+from ..errors import EPFail, OrtError
 from .tensors import restore_raw_data
 
 if TYPE_CHECKING:
@@ -201,3 +203,17 @@ class ExecutionProvider(ABC):
         """The weights the provider keeps in external files (each with ``path``, ``size``,
         ``offset`` and ``id``, like GE's compile summary); none by default."""
         return []
+
+
+@contextmanager
+def provider_call(provider: ExecutionProvider, method: str) -> Iterator[None]:
+    """Inside, an exception a provider's own code raised that is not one of ONNX Runtime's
+    status errors becomes ``EPFail`` naming the provider and the call, chained to it: what ONNX
+    Runtime makes of an EP returning a failed status, a typed error that is not retried on the
+    CPU provider (:mod:`.fallback`)."""
+    try:
+        yield
+    except OrtError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a provider's bug, reported as its EP's failure
+        raise EPFail(f"{provider.type}.{method} raised {exc!r}") from exc

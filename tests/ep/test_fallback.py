@@ -10,6 +10,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ep
+from tests.ep.test_session import mixed_model
+from tests.ep.toy_ep import ToyExecutionProvider
 
 NPU = ["NpuSimExecutionProvider", "CPUExecutionProvider"]
 GOOD, BAD = {"i": np.array([0, 3])}, {"i": np.array([0, 7])}  # 7: out of range for 4 rows
@@ -135,3 +137,31 @@ def test_other_values_leave_the_cpu_ep_fallback_on_as_in_onnxruntime() -> None:
                                 providers=["CPUExecutionProvider"]).run(None, GOOD)[0]
     ours = ep.InferenceSession(gather(), ours_so, providers=["CPUExecutionProvider"])
     np.testing.assert_array_equal(ours.run(None, GOOD)[0], want)
+
+
+class _Failing(ToyExecutionProvider):
+    """A provider whose own code raises a plain Python exception in ``where``."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.where = where
+
+    def get_capability(self, graph):
+        if self.where == "get_capability":
+            raise KeyError("a bug in get_capability")
+        return super().get_capability(graph)
+
+    def compile(self, fused_nodes):
+        if self.where == "compile":
+            raise ValueError("a bug in compile")
+        return super().compile(fused_nodes)
+
+
+@pytest.mark.parametrize("where", ["get_capability", "compile"])
+def test_a_providers_own_exception_is_its_eps_failure(where, capsys) -> None:
+    """EPFail naming the provider and the call, chained to the exception, not retried on the
+    CPU provider: what onnxruntime makes of an EP returning a failed status."""
+    with pytest.raises(ep.EPFail, match=f"ToyExecutionProvider.{where} raised") as info:
+        ep.InferenceSession(mixed_model().SerializeToString(), providers=[_Failing(where)])
+    assert isinstance(info.value.__cause__, (KeyError, ValueError))
+    assert capsys.readouterr().out == ""
