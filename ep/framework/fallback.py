@@ -33,8 +33,14 @@ PROVIDERS = ["CPUExecutionProvider"]
 
 def enabled(kwargs: Mapping[str, Any]) -> bool:
     """Whether a session made with these extra keyword arguments falls back (onnxruntime:
-    ``enable_fallback``, default 1)."""
-    return int(kwargs.get("enable_fallback", 1)) == 1
+    ``enable_fallback``, default 1, read with ``int()``: a value it cannot read is its
+    ``ValueError`` or ``TypeError``, here saying what is valid)."""
+    value = kwargs.get("enable_fallback", 1)
+    try:
+        return int(value) == 1
+    except (TypeError, ValueError) as exc:  # int()'s class, as onnxruntime raises it
+        raise type(exc)(f"enable_fallback={value!r}: expected 1 (fall back, the default) or "
+                        "0") from None
 
 
 def retries_creation(exc: BaseException) -> bool:

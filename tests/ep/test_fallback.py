@@ -165,3 +165,13 @@ def test_a_providers_own_exception_is_its_eps_failure(where, capsys) -> None:
         ep.InferenceSession(mixed_model().SerializeToString(), providers=[_Failing(where)])
     assert isinstance(info.value.__cause__, (KeyError, ValueError))
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("value", ["abc", None, [1]], ids=repr)
+def test_an_unreadable_enable_fallback_is_refused_as_in_onnxruntime(value) -> None:
+    with pytest.raises(Exception) as theirs:
+        ort.InferenceSession(gather(), enable_fallback=value)
+    with pytest.raises(Exception) as ours:
+        ep.InferenceSession(gather(), providers=NPU, enable_fallback=value)
+    assert type(ours.value) is type(theirs.value)
+    assert repr(value) in str(ours.value)
