@@ -218,6 +218,7 @@ class ModelCompiler:
                       normalize_provider_args(self._options.providers, None),
                       optimization_level=self._level,
                       free_dims=self._options.free_dimension_overrides,
+                      free_denotations=self._options.free_dimension_denotations,
                       make_writer=make_writer, require_compiled=False, write=write,
                       already_compiled=InvalidGraph(ALREADY_COMPILED))
         finally:

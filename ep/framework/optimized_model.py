@@ -40,6 +40,8 @@ def write(source: str | os.PathLike[str] | bytes, options: SessionOptions,
     ort_options.log_severity_level = options.log_severity_level  # its warnings, as it logs them
     for dim, value in options.free_dimension_overrides.items():
         ort_options.add_free_dimension_override_by_name(dim, int(value))
+    for denotation, value in options.free_dimension_denotations.items():
+        ort_options.add_free_dimension_override_by_denotation(denotation, int(value))
     for key, value in options.config_entries().items():
         if key.startswith("session."):
             ort_options.add_session_config_entry(key, value)

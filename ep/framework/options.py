@@ -92,7 +92,8 @@ class SessionOptions:
                  "_execution_order", "_optimized_model_filepath", "_log_severity_level",
                  "_log_verbosity_level", "_logid", "_enable_cpu_mem_arena",
                  "_enable_mem_pattern", "_enable_mem_reuse", "_use_deterministic_compute",
-                 "_use_per_session_threads", "_config", "_providers", "_free_dims")
+                 "_use_per_session_threads", "_config", "_providers", "_free_dims",
+                 "_free_denotations")
 
     enable_profiling = Option(boolean)
     profile_file_prefix = Option(text)
@@ -132,6 +133,7 @@ class SessionOptions:
         self._config: dict[str, str] = {}
         self._providers: list[tuple[str, dict[str, str]]] = []
         self._free_dims: dict[str, int] = {}
+        self._free_denotations: dict[str, int] = {}
 
     def add_session_config_entry(self, key: str, value: str) -> None:
         """Set config entry ``key`` to ``value`` (both strings), replacing an earlier value.
@@ -199,20 +201,38 @@ class SessionOptions:
     def add_free_dimension_override_by_name(self, dim_name: str, dim_value: int) -> None:
         """Fix symbolic dimension ``dim_name`` to ``dim_value`` for the whole session, before
         partitioning and shape inference, as onnxruntime does."""
-        if not isinstance(dim_name, str) or isinstance(dim_value, bool) or \
-                not isinstance(dim_value, (int, np.integer)):
-            raise TypeError("add_free_dimension_override_by_name(): incompatible function "
-                            f"arguments ({type(dim_name).__name__}, "
-                            f"{type(dim_value).__name__}); expected (str, int)")
-        if dim_value < 0:
-            raise InvalidArgument(f"free dimension override {dim_name!r}={dim_value} is "
-                                  "invalid; expected an integer >= 0")
-        self._free_dims[dim_name] = int(dim_value)
+        self._free_dims[dim_name] = _override("add_free_dimension_override_by_name", dim_name,
+                                              dim_value)
+
+    def add_free_dimension_override_by_denotation(self, dim_denotation: str,
+                                                  dim_value: int) -> None:
+        """Fix every free dimension of the model's inputs whose denotation is
+        ``dim_denotation`` (``"DATA_BATCH"``...) to ``dim_value``, named or not, as onnxruntime
+        does; one also fixed by name to another value is ``InvalidArgument``."""
+        self._free_denotations[dim_denotation] = _override(
+            "add_free_dimension_override_by_denotation", dim_denotation, dim_value)
 
     @property
     def free_dimension_overrides(self) -> dict[str, int]:
         """Dimension name -> value, from :meth:`add_free_dimension_override_by_name`."""
         return dict(self._free_dims)
+
+    @property
+    def free_dimension_denotations(self) -> dict[str, int]:
+        """Denotation -> value, from :meth:`add_free_dimension_override_by_denotation`."""
+        return dict(self._free_denotations)
+
+
+def _override(method: str, key: Any, value: Any) -> int:
+    """A free-dimension override's value, after onnxruntime's argument checks."""
+    if not isinstance(key, str) or isinstance(value, bool) or \
+            not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{method}(): incompatible function arguments ({type(key).__name__}, "
+                        f"{type(value).__name__}); expected (str, int)")
+    if value < 0:
+        raise InvalidArgument(f"free dimension override {key!r}={value} is invalid; expected "
+                              "an integer >= 0")
+    return int(value)
 
 
 def config_entry(config: Mapping[str, str], key: str, owner: str) -> str:

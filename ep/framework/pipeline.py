@@ -79,6 +79,7 @@ def construct(
     *,
     optimization_level: int,
     free_dims: Mapping[str, int] | None = None,
+    free_denotations: Mapping[str, int] | None = None,
     make_writer: Callable[[str | None], ContextWriter | None] = lambda path: None,
     require_compiled: bool = True,
     write: Callable[[ContextWriter, onnx.ModelProto, GraphView, PartitionPlan,
@@ -97,7 +98,8 @@ def construct(
     writer = make_writer(model_path)
     provider_config = writer.provider_config() if writer is not None else dict(config)
     providers = build_providers(provider_specs, provider_config, model_path)
-    dims = merged_free_dims(free_dims or {}, providers)
+    named = by_denotation(source, free_denotations or {}, free_dims or {})
+    dims = merged_free_dims(named, providers)
     if writer is not None:
         writer.check_providers(providers)
     # The model was parsed here: the optimizer edits it in place and the view takes it as it
@@ -127,6 +129,29 @@ def construct(
 def _write(writer: ContextWriter, model: onnx.ModelProto, graph: GraphView, plan: PartitionPlan,
            providers: list[ExecutionProvider]) -> None:
     writer.write(model, graph, plan, providers)
+
+
+def by_denotation(model: onnx.ModelProto, denotations: Mapping[str, int],
+                  names: Mapping[str, int]) -> dict[str, int]:
+    """The name overrides ``names`` plus every free input dimension whose denotation
+    ``denotations`` fixes: a named one by its name; an unnamed one is given the name
+    ``denotation:<input>:<axis>`` in ``model`` (which the fixed value then replaces). A
+    dimension fixed to two values is onnxruntime's ``InvalidArgument``."""
+    dims = dict(names)
+    if not denotations:
+        return dims
+    for value_info in model.graph.input:
+        if not value_info.type.HasField("tensor_type"):
+            continue
+        for axis, dim in enumerate(value_info.type.tensor_type.shape.dim):
+            value = denotations.get(dim.denotation)
+            if value is None or dim.HasField("dim_value"):
+                continue
+            if not dim.dim_param:
+                dim.dim_param = f"denotation:{value_info.name}:{axis}"
+            if dims.setdefault(dim.dim_param, value) != value:
+                raise InvalidArgument("Conflicting free dimension overrides.")
+    return dims
 
 
 def merged_free_dims(session: Mapping[str, int],

@@ -134,6 +134,7 @@ class InferenceSession:
             self._source, config, specs,
             optimization_level=options.graph_optimization_level,
             free_dims=options.free_dimension_overrides,
+            free_denotations=options.free_dimension_denotations,
             make_writer=lambda path: ContextWriter(config, path) if ctx else None,
             wrap=profiler.wrap)
         used = [part.provider for part in built.plan.partitions if part.nodes]

@@ -138,3 +138,56 @@ def test_conflicting_overrides_are_invalid_argument(tmp_path: Path) -> None:
     with pytest.raises(ep.InvalidArgument, match="'N' is fixed to 2 and, by "
                                                  "NpuSimExecutionProvider's options, to 4"):
         ep.InferenceSession(str(tmp_path / "m.onnx"), so, providers=[(NPU, {"N": "4"})])
+
+
+def denoted_model() -> onnx.ModelProto:
+    """x [N, 3] and z [?, 3], both batch dimensions denoted DATA_BATCH, added."""
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3])
+    z = onnx.helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [None, 3])
+    for value_info in (x, z):
+        value_info.type.tensor_type.shape.dim[0].denotation = "DATA_BATCH"
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Add", ["x", "z"], ["y"], name="add")], "g", [x, z],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 3])])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_free_dimension_overrides_by_denotation_as_onnxruntime() -> None:
+    """Both batch dimensions, named and unnamed, are fixed before partitioning (the NPU takes
+    the Add); a batch of another size is onnxruntime's refusal; fixing the named one to
+    another value by name too is its conflict."""
+    data = denoted_model().SerializeToString()
+    feeds = {"x": np.ones((2, 3), np.float32), "z": np.full((2, 3), 2, np.float32)}
+    sessions = []
+    for lib in (ort, ep):
+        options = lib.SessionOptions()
+        options.add_free_dimension_override_by_denotation("DATA_BATCH", 2)
+        sessions.append(lib.InferenceSession(data, options))
+    theirs, ours = sessions
+    assert ours.get_node_assignment() == {"add": NPU}
+    assert [i.shape for i in ours.get_inputs()] == [i.shape for i in theirs.get_inputs()]
+    np.testing.assert_array_equal(ours.run(None, feeds)[0], theirs.run(None, feeds)[0])
+    for name in feeds:  # each batch dimension alone of another size
+        wrong = {**feeds, name: np.ones((4, 3), np.float32)}
+        with pytest.raises(Exception) as want:
+            theirs.run(None, wrong)
+        with pytest.raises(ep.InvalidArgument) as got:
+            ours.run(None, wrong)
+        assert got.value.message.split("\n")[:2] == \
+            str(want.value).split(" : ")[-1].split("\n")[:2]
+    errors = []
+    for lib in (ort, ep):
+        options = lib.SessionOptions()
+        options.add_free_dimension_override_by_denotation("DATA_BATCH", 2)
+        options.add_free_dimension_override_by_name("N", 3)
+        with pytest.raises(Exception) as info:
+            lib.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+        errors.append(info.value)
+    assert str(errors[1]) == str(errors[0])
+    for args in (("DATA_BATCH", "x"), (3, 1)):
+        with pytest.raises(TypeError):
+            ort.SessionOptions().add_free_dimension_override_by_denotation(*args)
+        with pytest.raises(TypeError):
+            ep.SessionOptions().add_free_dimension_override_by_denotation(*args)
