@@ -16,10 +16,9 @@ from dataclasses import dataclass
 
 from ..errors import Fail
 from .graph import GraphView
-from .partitioner import PartitionPlan
+from .partitioner import CPU, PartitionPlan
 
 RECORD = "session.record_ep_graph_assignment_info"
-CPU = "CPUExecutionProvider"
 
 
 @dataclass(frozen=True)

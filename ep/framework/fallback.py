@@ -26,9 +26,10 @@ from typing import Any
 
 from ..errors import Fail, InvalidArgument, OrtError
 from .options import DISABLE_CPU_EP_FALLBACK
+from .registry import CPU_PROVIDER
 
 #: The providers a session falls back to (onnxruntime's, for a build without CUDA).
-PROVIDERS = ["CPUExecutionProvider"]
+PROVIDERS = [CPU_PROVIDER]
 
 
 def enabled(kwargs: Mapping[str, Any]) -> bool:
@@ -74,6 +75,6 @@ def check_cpu_ep_fallback(config: Mapping[str, str], cpu_named: bool,
         raise InvalidArgument("Conflicting session configuration: explicitly added the CPU EP "
                               "to the session, but also disabled fallback to the CPU EP via "
                               "session configuration options.")
-    if PROVIDERS[0] in providers_used:
+    if CPU_PROVIDER in providers_used:
         raise Fail("This session contains graph nodes that are assigned to the default CPU EP, "
                    "but fallback to CPU EP has been explicitly disabled by the user.")

@@ -73,12 +73,13 @@ class IOBinding:
 
     def __init__(self, session: InferenceSession) -> None:
         self._session = session
+        self._input_names = frozenset(i.name for i in session.get_inputs())
         self._inputs: dict[str, Any] = {}  # an array, or an OrtValue read at the run
         self._outputs: dict[str, np.ndarray | OrtValue | None] = {}  # None: allocated by the run
         self._results: list[OrtValue] = []
 
     def _input_name(self, name: str) -> str:
-        if name not in {i.name for i in self._session.get_inputs()}:
+        if name not in self._input_names:
             raise RuntimeException(f"Failed to find NodeArg with name: {name} in the def list")
         return name
 

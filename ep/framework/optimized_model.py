@@ -22,8 +22,8 @@ import onnxruntime
 from ..errors import Fail
 from .cpu import same_error
 from .options import SessionOptions
+from .registry import CPU_PROVIDER as CPU
 
-CPU = "CPUExecutionProvider"
 COMPILED = ("Unable to serialize model as it contains compiled nodes. Please disable any "
             "execution providers which generate compiled nodes.")
 

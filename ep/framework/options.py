@@ -87,13 +87,7 @@ class SessionOptions:
     wrong type is a ``TypeError`` when it is set (:mod:`.typed_options`).
     """
 
-    __slots__ = ("_enable_profiling", "_profile_file_prefix", "_intra_op_num_threads",
-                 "_inter_op_num_threads", "_graph_optimization_level", "_execution_mode",
-                 "_execution_order", "_optimized_model_filepath", "_log_severity_level",
-                 "_log_verbosity_level", "_logid", "_enable_cpu_mem_arena",
-                 "_enable_mem_pattern", "_enable_mem_reuse", "_use_deterministic_compute",
-                 "_use_per_session_threads", "_config", "_providers", "_free_dims",
-                 "_free_denotations")
+    __slots__ = ("_values", "_config", "_providers", "_free_dims", "_free_denotations")
 
     enable_profiling = Option(boolean)
     profile_file_prefix = Option(text)
@@ -113,6 +107,7 @@ class SessionOptions:
     use_per_session_threads = Option(boolean)
 
     def __init__(self) -> None:
+        self._values: dict[str, Any] = {}  # the typed attributes' (Option)
         self.enable_profiling = False
         self.profile_file_prefix = "onnxruntime_profile_"
         self.intra_op_num_threads = 0

@@ -152,6 +152,11 @@ def normalize_provider_args(
     return normalized
 
 
+def spec_names(specs: Sequence[tuple[str, dict[str, str]] | ExecutionProvider]) -> list[str]:
+    """The provider names of :func:`normalize_provider_args`' specs."""
+    return [spec.type if isinstance(spec, ExecutionProvider) else spec[0] for spec in specs]
+
+
 def build_providers(
     specs: Sequence[tuple[str, dict[str, str]] | ExecutionProvider],
     config: Mapping[str, str],

@@ -16,7 +16,7 @@ from typing import Any
 
 import onnxruntime
 
-from ..errors import Fail
+from ..errors import Fail, OrtError
 from .options import config_entry
 from .typed_options import Option, boolean, int32, text
 
@@ -31,8 +31,7 @@ class RunOptions:
     started with it set fails at once, as onnxruntime's does). Any other attribute is an
     ``AttributeError``, as on onnxruntime's."""
 
-    __slots__ = ("_log_severity_level", "_log_verbosity_level", "_logid",
-                 "_only_execute_path_to_fetches", "_terminate", "_config")
+    __slots__ = ("_values", "_config")
 
     log_severity_level = Option(int32)
     log_verbosity_level = Option(int32)
@@ -41,6 +40,7 @@ class RunOptions:
     terminate = Option(boolean)
 
     def __init__(self) -> None:
+        self._values: dict[str, Any] = {}  # the typed attributes' (Option)
         self.log_severity_level = -1
         self.log_verbosity_level = 0
         self.logid = ""
@@ -60,6 +60,14 @@ class RunOptions:
         return config_entry(self._config, key, "RunOptions")
 
 
+def check_severity(level: int, scope: str, error: type[OrtError]) -> None:
+    """onnxruntime's refusal (``error``) of a ``scope`` ("run", "session") log severity that
+    is neither -1 (the default) nor one of :data:`SEVERITIES`."""
+    if level != -1 and level not in SEVERITIES:
+        raise error(f"Invalid {scope} log severity level. Not a valid "
+                    f"onnxruntime::logging::Severity value: {level}")
+
+
 def check_run(output_names: Any, input_feed: Any, run_options: Any) -> list[str] | None:
     """The output names a run asked for (None: every output), after onnxruntime's checks of
     its three arguments (see the module doc); raises ``TypeError`` or ``Fail`` as it does."""
@@ -67,10 +75,7 @@ def check_run(output_names: Any, input_feed: Any, run_options: Any) -> list[str]
         if not isinstance(run_options, (RunOptions, onnxruntime.RunOptions)):
             raise TypeError(f"run(): run_options must be an ep.RunOptions or None, got "
                             f"{type(run_options).__name__}")
-        level = run_options.log_severity_level
-        if level != -1 and level not in SEVERITIES:
-            raise Fail("Invalid run log severity level. Not a valid "
-                       f"onnxruntime::logging::Severity value: {level}")
+        check_severity(run_options.log_severity_level, "run", Fail)
         if run_options.terminate:
             raise Fail("Exiting due to terminate flag being set to true.")
     check_mapping(input_feed)

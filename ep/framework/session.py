@@ -50,8 +50,14 @@ from .io_binding import IOBinding, as_arrays
 from .options import EP_CONTEXT_ENABLE, SessionOptions, config_flag
 from .pipeline import construct
 from .provider import CompiledNode
-from .registry import ProviderSpec, available_providers, normalize_provider_args
-from .run_options import SEVERITIES, check_mapping, check_run
+from .registry import (
+    CPU_PROVIDER,
+    ProviderSpec,
+    available_providers,
+    normalize_provider_args,
+    spec_names,
+)
+from .run_options import check_mapping, check_run, check_severity
 from .tensors import restore_raw_data
 
 
@@ -110,14 +116,9 @@ class InferenceSession:
                 provider_options: Sequence[Mapping[str, Any]] | None) -> None:
         started = time.perf_counter()
         options = self._sess_options
-        if options.log_severity_level != -1 and options.log_severity_level not in SEVERITIES:
-            raise RuntimeException("Invalid session log severity level. Not a valid "
-                                   f"onnxruntime::logging::Severity value: "
-                                   f"{options.log_severity_level}")
+        check_severity(options.log_severity_level, "session", RuntimeException)
         config = options.config_entries()
         profiler = Profiler(options)
-        named = providers if providers is not None else \
-            options.providers if options.has_providers() else []
         if providers is None and provider_options is None and options.has_providers():
             specs = normalize_provider_args(options.providers, None)
         else:
@@ -138,10 +139,10 @@ class InferenceSession:
             make_writer=lambda path: ContextWriter(config, path) if ctx else None,
             wrap=profiler.wrap)
         used = [part.provider for part in built.plan.partitions if part.nodes]
-        fallback.check_cpu_ep_fallback(config, fallback.PROVIDERS[0] in _names(named), used)
+        named = providers is not None or options.has_providers()  # not the default list
+        fallback.check_cpu_ep_fallback(config, named and CPU_PROVIDER in spec_names(specs), used)
         if options.optimized_model_filepath:
-            optimized_model.write(self._source, options,
-                                  [part.provider for part in built.plan.partitions])
+            optimized_model.write(self._source, options, used)
         self._profiler, self._config = profiler, config
         self._model, self._model_path = built.source, built.model_path
         self._weights: dict[str, np.ndarray] | None = built.weights
@@ -416,12 +417,6 @@ class NodeArg:
 
     def __repr__(self) -> str:
         return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape})"
-
-
-def _names(providers: Any) -> list[str]:
-    """The provider names in a ``providers`` argument (names, pairs or instances)."""
-    return [p if isinstance(p, str) else p[0] if isinstance(p, tuple) and p else
-            getattr(p, "type", None) for p in providers]
 
 
 def node_arg(graph: GraphView, name: str) -> NodeArg:

@@ -62,21 +62,22 @@ def member(kind: type[enum.IntEnum]) -> Callable[[Any], enum.IntEnum]:
 
 
 class Option:
-    """A data descriptor storing ``convert(value)`` in the slot ``_<name>``; a value ``convert``
-    refuses is a ``TypeError`` naming the attribute, the value and what is expected."""
+    """A data descriptor storing ``convert(value)`` under its name in the instance's
+    ``_values`` dict (the owner's one slot for them); a value ``convert`` refuses is a
+    ``TypeError`` naming the attribute, the value and what is expected."""
 
     def __init__(self, convert: Callable[[Any], Any]) -> None:
         self.convert = convert
 
     def __set_name__(self, owner: type, name: str) -> None:
-        self.name, self.slot, self.owner = name, f"_{name}", owner.__name__
+        self.name, self.owner = name, owner.__name__
 
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        return self if obj is None else getattr(obj, self.slot)
+        return self if obj is None else obj._values[self.name]
 
     def __set__(self, obj: Any, value: Any) -> None:
         try:
             converted = self.convert(value)
         except (TypeError, ValueError, OverflowError) as exc:
             raise TypeError(f"{self.owner}.{self.name} = {value!r}: expected {exc}") from None
-        setattr(obj, self.slot, converted)
+        obj._values[self.name] = converted
