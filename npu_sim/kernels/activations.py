@@ -32,16 +32,18 @@ onnxruntime's CPU provider computes for Sigmoid and Tanh only, uses exp and a ve
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ml_dtypes
 import numpy as np
-from numba import njit
+from numba import carray, cfunc, njit
 
 from ..errors import KernelError
 from .mlas import erf_loop32, gelu, gelu_tanh32, sigmoid32, tanh_loop32
+from .native import EPILOGUE
 from .registry import kernel
 
 HALF_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -162,6 +164,23 @@ def bias_hard_sigmoid(y, b, alpha, beta, gate):  # pragma: no cover - numba
                 v = row[p] + bias
                 h = clamp01(a * v + c)
                 row[p] = v * h if gate else h
+
+
+def _bias_hard_sigmoid_rows(y, b, r, params, rows, columns):  # pragma: no cover - numba
+    p = carray(params, (3,), np.float64)
+    bias_hard_sigmoid(carray(y, (1, rows, columns), np.float32), carray(b, (rows,), np.float32),
+                      p[0], p[1], p[2] != 0)
+
+
+@functools.cache
+def _bias_hard_sigmoid_address() -> int:
+    return cfunc(EPILOGUE, cache=True)(_bias_hard_sigmoid_rows).address
+
+
+def native_bias_hard_sigmoid(alpha: float, beta: float, gate: bool) -> tuple[int, np.ndarray]:
+    """:func:`bias_hard_sigmoid` as a :data:`.native.EPILOGUE` loop: its address (compiled, or
+    loaded from numba's cache, on first use) and the parameters it reads."""
+    return _bias_hard_sigmoid_address(), np.array([alpha, beta, gate], np.float64)
 
 
 _SIXTH, _HALF32 = np.float32(1 / 6), np.float32(0.5)

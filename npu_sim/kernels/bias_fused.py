@@ -16,15 +16,18 @@ residual and a Relu in one loop too (:func:`bias_residual`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from numba import njit
+from numba import carray, cfunc, njit
 
 from ..epilogue import decode
+from . import activations, mlas
 from .activations import bias_hard_sigmoid, full_params
 from .mlas import bias_sigmoid
+from .native import EPILOGUE
 
 FusedLoop = Callable[[np.ndarray, np.ndarray], bool]
 
@@ -55,6 +58,45 @@ def _bias_residual(y, b, r, relu):  # pragma: no cover - numba
                     row[p] = (row[p] + bias) + other[p]
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def _bias(y, b):  # pragma: no cover - numba
+    for n in range(y.shape[0]):
+        for m in range(y.shape[1]):
+            row = y[n, m]
+            bias = b[m]
+            for p in range(row.size):
+                row[p] = row[p] + bias  # float32, as numpy's add
+
+
+def _bias_rows(y, b, r, params, rows, columns):  # pragma: no cover - numba
+    _bias(carray(y, (1, rows, columns), np.float32), carray(b, (rows,), np.float32))
+
+
+def _bias_relu_rows(y, b, r, params, rows, columns):  # pragma: no cover - numba
+    _bias_relu(carray(y, (1, rows, columns), np.float32), carray(b, (rows,), np.float32))
+
+
+def _bias_residual_rows(y, b, r, params, rows, columns):  # pragma: no cover - numba
+    _bias_residual(carray(y, (1, rows, columns), np.float32), carray(b, (rows,), np.float32),
+                   carray(r, (1, rows, columns), np.float32), False)
+
+
+def _bias_residual_relu_rows(y, b, r, params, rows, columns):  # pragma: no cover - numba
+    _bias_residual(carray(y, (1, rows, columns), np.float32), carray(b, (rows,), np.float32),
+                   carray(r, (1, rows, columns), np.float32), True)
+
+
+@functools.cache
+def native_loops() -> dict[str, int]:
+    """The addresses of this module's loops as :data:`.native.EPILOGUE` functions (compiled,
+    or loaded from numba's cache, on first use): ``bias``, ``bias_relu``, ``bias_residual``,
+    ``bias_residual_relu``."""
+    loops = {"bias": _bias_rows, "bias_relu": _bias_relu_rows,
+             "bias_residual": _bias_residual_rows,
+             "bias_residual_relu": _bias_residual_relu_rows}
+    return {name: cfunc(EPILOGUE, cache=True)(loop).address for name, loop in loops.items()}
+
+
 def bias_residual(y: np.ndarray, bias: np.ndarray, residual: np.ndarray, relu: bool) -> bool:
     """A ResNet block's last convolution in one pass: ``y`` (N, M, pixels) plus ``bias`` (M,),
     plus ``residual`` (``y``'s shape), then a Relu if ``relu``, in place, each a float32
@@ -80,12 +122,14 @@ def fused_bias_loop(op: str, attrs: Mapping[str, Any]) -> FusedLoop | None:
     if "epilogue" not in attrs:
         params = attrs.get("activation_params", ())
         if activation == "Relu" and not params:
-            return _checked(_bias_relu)
+            return _checked(_bias_relu, lambda: (native_loops()["bias_relu"], None))
         if activation == "Sigmoid" and not params:
-            return _checked(lambda rows, bias: bias_sigmoid(rows, bias, False))
+            return _checked(lambda rows, bias: bias_sigmoid(rows, bias, False),
+                            lambda: mlas.native_bias_sigmoid(False))
         if activation == "HardSigmoid":  # a squeeze-excite's gate
             alpha, beta = full_params("HardSigmoid", params)
-            return _checked(lambda rows, bias: bias_hard_sigmoid(rows, bias, alpha, beta, False))
+            return _checked(lambda rows, bias: bias_hard_sigmoid(rows, bias, alpha, beta, False),
+                            lambda: activations.native_bias_hard_sigmoid(alpha, beta, False))
         return None
     if activation:
         return None
@@ -94,17 +138,32 @@ def fused_bias_loop(op: str, attrs: Mapping[str, Any]) -> FusedLoop | None:
         return None
     if steps[0].op == "HardSigmoid":
         alpha, beta = full_params("HardSigmoid", steps[0].params)
-        return _checked(lambda rows, bias: bias_hard_sigmoid(rows, bias, alpha, beta, True))
+        return _checked(lambda rows, bias: bias_hard_sigmoid(rows, bias, alpha, beta, True),
+                        lambda: activations.native_bias_hard_sigmoid(alpha, beta, True))
     if steps[0].op == "Sigmoid":
-        return _checked(lambda rows, bias: bias_sigmoid(rows, bias, True))
+        return _checked(lambda rows, bias: bias_sigmoid(rows, bias, True),
+                        lambda: mlas.native_bias_sigmoid(True))
     return None
 
 
-def _checked(loop: Callable[[np.ndarray, np.ndarray], object]) -> FusedLoop:
+Native = tuple[int, "np.ndarray | None"]
+"""A loop as native code: its :data:`.native.EPILOGUE` address and its parameters (a float64
+array it reads, kept alive with the loop, or None)."""
+
+
+def native_form(loop: FusedLoop) -> Native | None:
+    """The native form of a loop :func:`fused_bias_loop` made (None for any other callable)."""
+    make = getattr(loop, "native", None)
+    return make() if make is not None else None
+
+
+def _checked(loop: Callable[[np.ndarray, np.ndarray], object],
+             native: Callable[[], Native]) -> FusedLoop:
     def run(y: np.ndarray, bias: np.ndarray) -> bool:
         if y.dtype != np.float32 or bias.dtype != np.float32 or not y.flags.c_contiguous or \
                 not y.flags.writeable or y.ndim < 2:
             return False
         loop(y.reshape(y.shape[0], y.shape[1], -1), bias)
         return True
+    run.native = native  # type: ignore[attr-defined]
     return run

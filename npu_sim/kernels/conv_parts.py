@@ -37,11 +37,11 @@ import numpy as np
 
 from ..epilogue import Step, input_scale
 from ..errors import KernelError
-from . import blas, cores, taps
+from . import blas, cores, native, taps
 from .activations import apply_activation
-from .bias_fused import FusedLoop, bias_residual
+from .bias_fused import FusedLoop, bias_residual, native_form, native_loops
 from .conv import Window, as5d, channel_scale, direct_fits, direct_steps, pointwise
-from .depthwise import tapped, tapped_args
+from .depthwise import tapped, tapped_args, tapped_geometry
 from .epilogue import UFUNCS
 
 #: A 1x1 convolution splits when its multiply-adds plus :data:`EPILOGUE_WEIGHT` per output
@@ -55,6 +55,13 @@ from .epilogue import UFUNCS
 #: 129, but 16 of 112x112 3x3 stride 2 Relu (1.4M) 123 against 121.
 SPLIT_WORK = 1 << 23
 DEPTHWISE_WORK = 3 << 19
+#: A 1x1 convolution whose parts run natively (:func:`_native_pointwise`) splits from this much
+#: work: a spinning helper takes a native part at once, so two parts of a 2-million-MAC GEMM
+#: (MobileNet-V3's 576 to 96 channels of 7x7) already gain.
+NATIVE_WORK = 1 << 21
+#: A depthwise convolution whose parts run natively (:func:`_native_depthwise`) splits from
+#: this much work (its multiply-adds plus :data:`EPILOGUE_WEIGHT` per output element).
+NATIVE_DEPTHWISE_WORK = 1 << 20
 #: Multiply-adds an output element's bias and epilogue cost, for :data:`SPLIT_WORK` (a SiLU
 #: element about as long as 20 multiply-adds of a one-thread GEMM).
 EPILOGUE_WEIGHT = 20
@@ -97,10 +104,16 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
     if gemm and split is None:  # a BLAS whose pieces may sum in another order
         return None
     if gemm:
+        native = _native_pointwise(inputs, attrs, columns, y, fused, tail, split[0])
+        if native is not None:
+            return native
         compute, macs = _pointwise(inputs, attrs, columns, y), y.size * x.shape[1]
     elif "input_scale" in attrs:
         return None
     elif group > 1 and w.shape[1] == 1:
+        native = _native_depthwise(x, w, win, into, b, fused, tail)
+        if native is not None:
+            return native
         compute, macs = _depthwise(x, w, win, into), y.size * math.prod(win.kernel)
     elif group == 1 and direct_fits(x.shape[1], w.shape, win, x.dtype):
         (setup, compute), macs = _direct(x, w, win, into), w.size * y.size // m
@@ -186,6 +199,108 @@ def operand_steps(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
             return None
         pairs.append((UFUNCS[step.op], other.reshape(shape[0], shape[1], -1)))
     return Tail(pairs, relu)
+
+
+def _native_pointwise(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
+                      columns: list[np.ndarray] | None, y: np.ndarray, fused: FusedLoop | None,
+                      tail: Tail | None, block: int) -> Callable[[], bool] | None:
+    """The 1x1 convolution split by output channels into native parts (:mod:`.native`), run
+    over the cores without the GIL (:func:`.cores.split_native`), or None when it does not
+    split that way: it needs a bias, pixel columns made once, at least :data:`NATIVE_WORK`,
+    and an epilogue with a native loop: a fused bias loop's, or a :class:`Tail` of a bias
+    alone, perhaps a residual ``Add``, perhaps a Relu. Each part computes what
+    :func:`_pointwise` and the epilogue compute for its rows, with the same sgemm and the same
+    loop, so the same bits; its rows start at multiples of the BLAS kernel's ``block``."""
+    x, w = inputs[0], inputs[1]
+    b = inputs[2] if len(inputs) > 2 else None
+    if columns is None or b is None:
+        return None
+    m, k = w.shape[0], x.shape[1]
+    if y.size * (k + EPILOGUE_WEIGHT) < NATIVE_WORK:
+        return None
+    edges = blas.edges(m, y.shape[2] * k, block)
+    if len(edges) < 3:
+        return None
+    after = _native_epilogue(fused, tail)
+    if after is None:
+        return None
+    loop, params, residual = after
+    w2 = w.reshape(m, -1)
+    weights, scaled = w2, None
+    if input_scale("Conv", attrs) >= 0:
+        s = channel_scale(w, 1, inputs, attrs)
+        if s is None or s.dtype != np.float32:
+            return None  # the whole launch checks and names what is wrong
+        weights, scaled = np.empty_like(w2), (w2, np.ascontiguousarray(s).reshape(-1))
+    record = native.pointwise_record(weights, scaled, columns, y, b, loop, residual, params,
+                                     edges)
+    if record is None:
+        return None
+    part, parts, data = native.pointwise_part(), len(edges) - 1, record.ctypes.data
+
+    def run() -> bool:
+        with blas.single_thread():  # one BLAS thread per part, as the Python parts
+            cores.split_native(parts, part, data)
+        return True
+
+    # what the record's addresses point into lives as long as the launch
+    run.arrays = (record, weights, scaled, params, columns, residual)  # type: ignore[attr-defined]
+    return run
+
+
+def _native_epilogue(fused: FusedLoop | None, tail: Tail | None
+                     ) -> tuple[int, np.ndarray | None, np.ndarray | None] | None:
+    """The native loop after a split launch's products (:data:`.native.EPILOGUE`): its
+    address, the parameters it reads and the residual it adds (or None), for a fused bias
+    loop, or a :class:`Tail` of a bias alone, perhaps a residual ``Add``, perhaps a Relu;
+    None for any other epilogue."""
+    if fused is not None:
+        form = native_form(fused)
+        return None if form is None else (*form, None)
+    if tail is not None and not tail.operands:
+        return native_loops()["bias_relu" if tail.relu else "bias"], None, None
+    if tail is not None and len(tail.operands) == 1 and tail.operands[0][0] is np.add:
+        loop = native_loops()["bias_residual_relu" if tail.relu else "bias_residual"]
+        return loop, None, tail.operands[0][1]
+    return None
+
+
+def _native_depthwise(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarray,
+                      b: np.ndarray | None, fused: FusedLoop | None,
+                      tail: Tail | None) -> Callable[[], bool] | None:
+    """The depthwise convolution on phase-split planes split by output channels into native
+    parts (:func:`.taps.depthwise_part`), or None when it does not split that way: it needs a
+    bias, the :func:`.depthwise.tapped_geometry`, at least :data:`NATIVE_DEPTHWISE_WORK` and
+    an epilogue with a native loop (:func:`_native_epilogue`, no residual). A part runs
+    :func:`.taps.depthwise` on its planes and the epilogue's loop on them, as
+    :func:`_depthwise` and the fused loop do, so the same bits. It returns False (nothing
+    written) for non-finite weights, which that path does not take."""
+    x5, w5 = as5d(x), as5d(w)
+    _, st3, di3, pb3 = win.as3()
+    out3 = (1,) * (3 - len(win.out)) + win.out
+    m, taps_ = w.shape[0], math.prod(win.kernel)
+    if b is None or into.size * (taps_ + EPILOGUE_WEIGHT) < NATIVE_DEPTHWISE_WORK or \
+            not tapped_geometry(x5, w5, st3, di3, pb3, out3):
+        return None
+    after = _native_epilogue(fused, tail)
+    if after is None or after[2] is not None:
+        return None
+    loop, params, _ = after
+    edges = blas.edges(m, 0)
+    args = tapped_args(x5, w5, st3, pb3, out3, into)
+    record = taps.depthwise_record(args, b, loop, params, edges)
+    if len(edges) < 3 or record is None:
+        return None
+    part, parts, data = taps.depthwise_part(), len(edges) - 1, record.ctypes.data
+
+    def run() -> bool:
+        if not np.isfinite(w).all():  # padding would multiply inf by 0
+            return False
+        cores.split_native(parts, part, data)
+        return True
+
+    run.arrays = (record, args, b, params)  # type: ignore[attr-defined]
+    return run
 
 
 def _pointwise(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],

@@ -126,6 +126,29 @@ def _fetch_add(typingctx, array, index):  # pragma: no cover - compiled
     return array.dtype(array, index), codegen
 
 
+@intrinsic
+def _swap(typingctx, array, index, expected, new):  # pragma: no cover - compiled
+    """Set ``array[index]`` to ``new`` if it still holds ``expected`` (compare-and-swap);
+    whether it did."""
+    def codegen(context, builder, signature, args):
+        ptr = _item(context, builder, signature, args[:2])
+        pair = builder.cmpxchg(ptr, args[2], args[3], "seq_cst", "seq_cst")
+        return builder.extract_value(pair, 1)
+    return types.boolean(array, index, types.int64, types.int64), codegen
+
+
+@intrinsic
+def _call_part(typingctx, function, data, part):  # pragma: no cover - compiled
+    """Call the native part at address ``function``: ``void f(void *data, int64 part)``."""
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i64])
+        fn = builder.inttoptr(args[0], fnty.as_pointer())
+        builder.call(fn, [builder.inttoptr(args[1], ir.IntType(8).as_pointer()), args[2]])
+        return context.get_dummy_value()
+    return types.void(types.int64, types.int64, types.int64), codegen
+
+
 #: The spin-wait hint of this CPU's instruction set, as an LLVM intrinsic (none known: the spin
 #: loops run without one).
 _PAUSE = {"x86_64": "llvm.x86.sse2.pause", "amd64": "llvm.x86.sse2.pause",
@@ -184,6 +207,102 @@ def _await_done(counts, parts, limit):  # pragma: no cover - compiled
     return _load(counts, 1) >= parts
 
 
+@intrinsic
+def _store(typingctx, array, index, value):  # pragma: no cover - compiled
+    """``array[index] = value`` as a release store: every write before it is seen first."""
+    def codegen(context, builder, signature, args):
+        ptr = _item(context, builder, signature, args[:2])
+        builder.store_atomic(args[2], ptr, "release", signature.args[0].dtype.bitwidth // 8)
+        return context.get_dummy_value()
+    return types.void(array, index, types.int64), codegen
+
+
+#: A native job's slots in :attr:`_Team.native`: the claim word (its sequence number, its
+#: part count and the next part to claim, :func:`_word`), the part's address, its data's
+#: address, and the count of parts finished.
+_WORD, _FUNCTION, _DATA, _DONE = 0, 1, 2, 3
+_FIELD = (1 << 20) - 1  # the claim word's part count and next part: 20 bits each
+_SEQUENCE = (1 << 23) - 1  # its sequence number: the job's post number, 23 bits of it
+
+
+@njit(cache=True, nogil=True)
+def _word(seq, parts):  # pragma: no cover - compiled
+    return ((seq & _SEQUENCE) << 40) | (parts << 20)
+
+
+@njit(cache=True, nogil=True)
+def _run_native(native, seq):  # pragma: no cover - compiled
+    """Claim and run parts of native job ``seq`` until none is left; how many ran here.
+
+    A part is claimed by a compare-and-swap of the whole claim word, so it is claimed only
+    while that job is still the posted one with parts left: the part's address and data,
+    read between loading the word and swapping it, are then that job's (its poster writes
+    the next job's only once every part of this one has finished)."""
+    ran = 0
+    while True:
+        word = _load(native, _WORD)
+        part, parts = word & _FIELD, (word >> 20) & _FIELD
+        if word >> 40 != seq & _SEQUENCE or part >= parts:
+            return ran
+        function, data = _load(native, _FUNCTION), _load(native, _DATA)
+        if _swap(native, _WORD, word, word + 1):
+            _call_part(function, data, part)
+            _fetch_add(native, _DONE)
+            ran += 1
+
+
+@njit(cache=True, nogil=True)
+def _post_native(native, posted, function, data, parts):  # pragma: no cover - compiled
+    """Write a native job of ``parts`` parts and post it (the post number last); its number."""
+    seq = posted[0] + 1
+    native[_FUNCTION] = function
+    native[_DATA] = data
+    native[_DONE] = 0
+    _store(native, _WORD, _word(seq, parts))
+    _store(posted, 0, seq)
+    return seq
+
+
+@njit(cache=True, nogil=True)
+def _finish_native(native, seq, parts):  # pragma: no cover - compiled
+    """The poster's share of native job ``seq``: run parts, then spin until all have ended;
+    how many parts it ran."""
+    ran = _run_native(native, seq)
+    while _load(native, _DONE) < parts:
+        _pause()
+    return ran
+
+
+@njit(cache=True, nogil=True)
+def _serial_native(function, data, parts):  # pragma: no cover - compiled
+    for part in range(parts):
+        _call_part(function, data, part)
+
+
+@njit(cache=True, nogil=True)
+def _serve_native(posted, seen, limit, native):  # pragma: no cover - compiled
+    """A helper's wait: spin while ``posted[0] == seen``, at most ``limit`` times, running the
+    parts of every native job posted meanwhile here, without the GIL (then spinning afresh).
+    Returns the post number of a job of the Python side, or ``seen`` when the spin ends."""
+    spins = 0
+    while spins < limit:
+        value = _load(posted, 0)
+        if value == seen:
+            _pause()
+            spins += 1
+            continue
+        if _load(native, _WORD) >> 40 != value & _SEQUENCE:
+            return value
+        _run_native(native, value)
+        seen, spins = value, 0
+    return seen
+
+
+@njit(cache=True, nogil=True)
+def _is_native(native, seq):  # pragma: no cover - compiled
+    return _load(native, _WORD) >> 40 == seq & _SEQUENCE
+
+
 class _Job:
     """One split: ``work(k)`` for ``k < parts``; ``counts`` = [next part, parts finished]."""
 
@@ -229,6 +348,7 @@ class _Team:
     def __init__(self) -> None:
         self.posted = np.zeros(1, np.int64)  # sequence number of the newest job
         self.job: _Job | None = None
+        self.native = np.zeros(4, np.int64)  # the native job (_WORD, _FUNCTION, ...)
         self.wake = threading.Condition()
         self.sleepers = 0
         self.busy = threading.Lock()  # one split at a time; others run serially
@@ -242,13 +362,16 @@ class _Team:
     def _serve(self) -> None:
         seen = 0
         while True:
-            if _await_change(self.posted, seen, self.spin) == seen:
+            if _serve_native(self.posted, seen, self.spin, self.native) == seen:
                 with self.wake:
                     self.sleepers += 1
                     while self.posted[0] == seen:
                         self.wake.wait()
                     self.sleepers -= 1
             seen = int(self.posted[0])
+            if _is_native(self.native, seen):  # posted while this thread slept
+                _run_native(self.native, seen)
+                continue
             job = self.job
             if job is not None and int(job.counts[0]) < job.parts:
                 job.claimed = job.claimed or time.perf_counter()
@@ -281,6 +404,16 @@ class _Team:
             self.strike()
         else:
             self.strikes = 0
+
+    def run_native(self, parts: int, function: int, data: int) -> int:
+        """Post a native job (:func:`split_native`) and run parts of it until all have ended:
+        the helpers take theirs in compiled code, without the GIL. How many parts the caller
+        ran."""
+        with self.wake:
+            seq = _post_native(self.native, self.posted, function, data, parts)
+            if self.sleepers:
+                self.wake.notify_all()
+        return _finish_native(self.native, seq, parts)
 
     def strike(self) -> None:
         """Count a split that found the host busy; at :data:`STRIKES` in a row, rest."""
@@ -412,6 +545,35 @@ class Choice:
                 self._whole = True
             elif max(split_times) * CLEAR <= min(whole_times):
                 self._whole = False
+
+
+def split_native(parts: int, function: int, data: int) -> None:
+    """Run ``function(data, k)`` for every ``k`` in ``range(parts)`` over the caller and the
+    helper threads. ``function`` is the address of a native ``void f(void *data, int64 k)``
+    (a numba ``cfunc``) that neither raises nor needs the GIL, ``data`` the address of what
+    it reads, kept alive by the caller until this returns.
+
+    A Python part (:func:`split`) needs the GIL to start and between its calls, and a helper
+    asleep on the GIL takes tens of microseconds to wake here, which eats the gain of a split
+    below a few hundred microseconds. A helper spinning after a job takes a native part at
+    once, in compiled code, and the caller runs the parts no helper has claimed, so a split
+    costs a whole run and a post at worst. Resting helpers (:data:`REST`) leave every part
+    to the caller; a split already running (another thread's) runs this one serially."""
+    helpers = team()
+    if parts <= 1 or parts > _FIELD or helpers is None or \
+            not helpers.busy.acquire(blocking=False):
+        _serial_native(function, data, parts)
+        return
+    try:
+        if helpers.rest > 0:
+            helpers.rest -= 1
+            if not helpers.rest:
+                helpers.spin = helpers.spins
+            _serial_native(function, data, parts)
+        else:
+            helpers.run_native(parts, function, data)
+    finally:
+        helpers.busy.release()
 
 
 def serial(parts: int, work: Callable[[int], object]) -> None:

@@ -30,7 +30,9 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import njit
+from numba import carray, cfunc, njit
+
+from .native import PART, address, address_of, epilogue
 
 #: Square kernel sizes with an unrolled tap loop.
 SIZES = (3, 5)
@@ -272,3 +274,55 @@ def direct(flat, size, pitch, o, w, out):  # pragma: no cover - compiled
                 row = run[m - m0, b * pitch:]
                 for e in range(ow):
                     dst[e] = row[e]
+
+
+# -- a depthwise convolution's native part (npu_sim.kernels.native) ---------------------------
+
+#: The record of :func:`_depthwise_part` (int64 slots), then its ``parts + 1`` plane edges.
+(_X, _N, _C, _H, _W, _WEIGHTS, _M, _TAPS, _S, _PT, _PL, _ROWS, _PITCH, _OFFSETS, _OUT, _OH,
+ _OW, _EPILOGUE, _BIAS, _PARAMS, _PARTS) = range(21)
+_HEAD = 21
+
+
+def _depthwise_part(record, part):  # pragma: no cover - numba
+    """Output channels ``edges[part]:edges[part + 1]`` of a depthwise convolution, image by
+    image: :func:`depthwise` on their planes, then the epilogue loop (its bias and fused
+    activation, :data:`.native.EPILOGUE`) on them."""
+    h = carray(record, (_HEAD,), np.int64)
+    edges = carray(record, (_HEAD + h[_PARTS] + 1,), np.int64)[_HEAD:]
+    n, m, oh, ow, k2 = h[_N], h[_M], h[_OH], h[_OW], h[_TAPS]
+    x = carray(address(h[_X]), (n, h[_C], h[_H], h[_W]), np.float32)
+    w = carray(address(h[_WEIGHTS]), (m, k2), np.float32)
+    o = carray(address(h[_OFFSETS]), (k2,), np.int64)
+    out = carray(address(h[_OUT]), (n, m, oh, ow), np.float32)
+    lo, hi = edges[part], edges[part + 1]
+    for i in range(n):
+        depthwise(x, w, h[_S], h[_PT], h[_PL], h[_ROWS], h[_PITCH], o, out, i * m + lo,
+                  i * m + hi)
+        epilogue(h[_EPILOGUE], h[_OUT] + (i * m + lo) * oh * ow * 4, h[_BIAS] + lo * 4, 0,
+                 h[_PARAMS], hi - lo, oh * ow)
+
+
+@functools.cache
+def depthwise_part() -> int:
+    """The address of a depthwise convolution's :data:`.native.PART` (compiled, or loaded from
+    numba's cache, on first use); its record is :func:`depthwise_record`'s."""
+    return cfunc(PART, cache=True)(_depthwise_part).address
+
+
+def depthwise_record(args: tuple, bias: np.ndarray, loop: int, params: np.ndarray | None,
+                     edges: list[int]) -> np.ndarray | None:
+    """The record of a depthwise convolution's native parts, from :func:`depthwise`'s
+    arguments but its plane range (``args``, as :func:`.depthwise.tapped_args` makes them),
+    its ``bias`` (M,), the address of its :data:`.native.EPILOGUE` ``loop`` and the
+    ``params`` it reads, and the parts' channel ``edges``; None when an array is not
+    C-contiguous float32 (the offsets int64). The caller keeps them alive while the record is
+    used."""
+    x, w, s, pt, pl, rows, pitch, o, out = args
+    if any(a.dtype != np.float32 or not a.flags.c_contiguous for a in (x, w, out, bias)) or \
+            o.dtype != np.int64 or not o.flags.c_contiguous or bias.shape != (w.shape[0],):
+        return None
+    head = np.array([address_of(x), *x.shape, address_of(w), *w.shape, s, pt, pl, rows, pitch,
+                     address_of(o), address_of(out), *out.shape[2:], loop, address_of(bias),
+                     0 if params is None else address_of(params), len(edges) - 1], np.int64)
+    return np.concatenate([head, np.asarray(edges, np.int64)])

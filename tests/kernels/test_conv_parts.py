@@ -33,6 +33,8 @@ SPECIALS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e30, -1e30]
 def split_always(monkeypatch):
     monkeypatch.setattr(conv_parts, "SPLIT_WORK", 0)
     monkeypatch.setattr(conv_parts, "DEPTHWISE_WORK", 0)
+    monkeypatch.setattr(conv_parts, "NATIVE_WORK", 0)
+    monkeypatch.setattr(conv_parts, "NATIVE_DEPTHWISE_WORK", 0)
 
 
 def launches(x, w, b, attrs, out_shape, extra=()):
@@ -46,6 +48,8 @@ def launches(x, w, b, attrs, out_shape, extra=()):
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(conv_parts, "SPLIT_WORK", work)
             mp.setattr(conv_parts, "DEPTHWISE_WORK", work)
+            mp.setattr(conv_parts, "NATIVE_WORK", work)
+            mp.setattr(conv_parts, "NATIVE_DEPTHWISE_WORK", work)
             mp.setattr(conv_parts, "plan", lambda *a, p=conv_parts.plan, log=planned:
                        log.append(p(*a)) or log[-1])
             prepared.append(prepare_conv(inputs, attrs, [outs[len(prepared)]]))
