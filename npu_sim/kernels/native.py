@@ -37,22 +37,34 @@ EPILOGUE = types.void(types.voidptr, types.voidptr, types.voidptr, types.voidptr
 (the bias is each row's; the residual, of ``y``'s shape, and the parameters may be null when
 the loop reads none)."""
 
-_SYMBOL = "scipy_cblas_sgemm64_"
-"""numpy's OpenBLAS (scipy-openblas64): ``cblas_sgemm`` with 64-bit integers."""
+_SYMBOLS = {"sgemm": "scipy_cblas_sgemm64_", "sgemv": "scipy_cblas_sgemv64_"}
+"""numpy's OpenBLAS (scipy-openblas64): ``cblas_sgemm`` and ``cblas_sgemv`` with 64-bit
+integers."""
 
 
 @functools.cache
-def sgemm_address() -> int | None:
-    """The address of the ``cblas_sgemm`` numpy's ``matmul`` calls, or None when numpy's BLAS
-    is not the bundled OpenBLAS with 64-bit integers whose GEMM splits are known
-    (:func:`.blas.kernel_split`): then no native GEMM part runs."""
+def _blas_address(name: str) -> int | None:
     if blas.kernel_split() is None:
         return None
     paths = [Path(lib.filepath) for lib in blas._libraries() if lib.internal_api == "openblas"]
     try:
-        return ctypes.cast(getattr(ctypes.CDLL(str(paths[0])), _SYMBOL), ctypes.c_void_p).value
+        function = getattr(ctypes.CDLL(str(paths[0])), _SYMBOLS[name])
     except (AttributeError, IndexError, OSError):
         return None
+    return ctypes.cast(function, ctypes.c_void_p).value
+
+
+def sgemm_address() -> int | None:
+    """The address of the ``cblas_sgemm`` numpy's ``matmul`` calls, or None when numpy's BLAS
+    is not the bundled OpenBLAS with 64-bit integers whose GEMM splits are known
+    (:func:`.blas.kernel_split`): then no native GEMM part runs."""
+    return _blas_address("sgemm")
+
+
+def sgemv_address() -> int | None:
+    """The address of the ``cblas_sgemv`` numpy's ``matmul`` calls for a row vector times a
+    matrix, or None (as :func:`sgemm_address`)."""
+    return _blas_address("sgemv")
 
 
 def _pointer(builder: ir.IRBuilder, address: ir.Value) -> ir.Value:
@@ -77,6 +89,26 @@ def sgemm(typingctx, function, m, n, k, a, b, c):  # pragma: no cover - compiled
         return context.get_dummy_value()
     i64 = types.int64
     return types.void(i64, i64, i64, i64, i64, i64, i64), codegen
+
+
+@intrinsic
+def sgemv_t(typingctx, function, k, n, a, x, y):  # pragma: no cover - compiled
+    """``y = a @ x`` by the ``cblas_sgemv`` at ``function`` as numpy's ``matmul`` calls it for
+    ``x @ a.T``: ``a`` (n x k) row-major, seen column-major (k x n) and transposed; ``x`` (k)
+    and ``y`` (n) contiguous."""
+    def codegen(context, builder, signature, args):
+        i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+        ptr = ir.IntType(8).as_pointer()
+        fnty = ir.FunctionType(ir.VoidType(), [i32, i32, i64, i64, f32, ptr, i64, ptr, i64,
+                                               f32, ptr, i64])
+        fn = builder.inttoptr(args[0], fnty.as_pointer())
+        col_major, trans, one = ir.Constant(i32, 102), ir.Constant(i32, 112), ir.Constant(i64, 1)
+        builder.call(fn, [col_major, trans, args[1], args[2], ir.Constant(f32, 1.0),
+                          _pointer(builder, args[3]), args[1], _pointer(builder, args[4]), one,
+                          ir.Constant(f32, 0.0), _pointer(builder, args[5]), one])
+        return context.get_dummy_value()
+    i64 = types.int64
+    return types.void(i64, i64, i64, i64, i64, i64), codegen
 
 
 @intrinsic
@@ -185,3 +217,46 @@ def pointwise_record(weights: np.ndarray, scaled: tuple[np.ndarray, np.ndarray] 
         head[_PARAMS] = address_of(params)
     return np.concatenate([head, np.asarray(edges, np.int64),
                            np.array([address_of(c) for c in columns], np.int64)])
+
+
+# -- a row vector times a transposed matrix's part (a classifier's Gemm) -----------------------
+
+(_GEMV, _A, _X, _YV, _K2, _BIASV, _LOOP, _PARAMSV, _PARTSV) = range(9)
+_HEADV = 9
+
+
+def _gemv_part(record, part):  # pragma: no cover - numba
+    """Outputs ``edges[part]:edges[part + 1]`` of ``x @ a.T``: one sgemv over those rows of
+    ``a``, then the epilogue loop on those outputs (each a row of one element, its bias the
+    matching element of C)."""
+    head = carray(record, (_HEADV,), np.int64)
+    edges = carray(record, (_HEADV + head[_PARTSV] + 1,), np.int64)[_HEADV:]
+    lo, hi, k = edges[part], edges[part + 1], head[_K2]
+    y = head[_YV] + lo * 4
+    sgemv_t(head[_GEMV], k, hi - lo, head[_A] + lo * k * 4, head[_X], y)
+    epilogue(head[_LOOP], y, head[_BIASV] + lo * 4, 0, head[_PARAMSV], hi - lo, 1)
+
+
+@functools.cache
+def gemv_part() -> int:
+    """The address of the row-vector product's :data:`PART` (compiled, or loaded from numba's
+    cache, on first use); its record is :func:`gemv_record`'s."""
+    return cfunc(PART, cache=True)(_gemv_part).address
+
+
+def gemv_record(a: np.ndarray, x: np.ndarray, y: np.ndarray, bias: np.ndarray, loop: int,
+                params: np.ndarray | None, edges: Sequence[int]) -> np.ndarray | None:
+    """The record of ``y = x @ a.T`` then the :data:`EPILOGUE` ``loop`` (reading ``bias`` and
+    ``params``) in parts of outputs cut at ``edges``, or None when a part could not run it:
+    ``a`` (N, K), ``x`` (K,) or (1, K), ``y`` and ``bias`` N elements, all C-contiguous
+    float32 (the caller keeps them alive while the record is used)."""
+    sgemv = sgemv_address()
+    n, k = a.shape
+    if sgemv is None or any(v.dtype != np.float32 or not v.flags.c_contiguous
+                            for v in (a, x, y, bias)) or \
+            x.size != k or y.size != n or bias.size != n:
+        return None
+    head = np.array([sgemv, address_of(a), address_of(x), address_of(y), k, address_of(bias),
+                     loop, 0 if params is None else address_of(params), len(edges) - 1],
+                    np.int64)
+    return np.concatenate([head, np.asarray(edges, np.int64)])

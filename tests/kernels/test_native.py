@@ -1,6 +1,6 @@
 """Native parts (npu_sim.kernels.native, cores.split_native): every part once, on the caller and
 a helper thread without the GIL, from several threads and in a forked child; the 1x1
-convolution's part gives numpy's bits."""
+convolution's and the classifier Gemm's parts give numpy's bits."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import carray, cfunc
 
+from npu_sim.epilogue import Step, encode
 from npu_sim.kernels import blas, cores, native
+from npu_sim.kernels import gemm as gemm_module
 from npu_sim.kernels.bias_fused import native_loops
 from tests.kernels import random_array, seeds
 
@@ -148,7 +150,7 @@ def test_a_1x1_record_refuses_what_a_part_could_not_run() -> None:
 def test_no_native_gemm_part_without_a_known_blas_kernel(monkeypatch) -> None:
     """A BLAS whose GEMM splits are not known here runs its products on numpy: no record."""
     monkeypatch.setattr(blas, "kernel_split", lambda: None)
-    native.sgemm_address.cache_clear()
+    native._blas_address.cache_clear()
     try:
         assert native.sgemm_address() is None
         assert native.pointwise_record(np.ones((32, 8), np.float32), None,
@@ -157,4 +159,38 @@ def test_no_native_gemm_part_without_a_known_blas_kernel(monkeypatch) -> None:
                                        np.ones(32, np.float32), native_loops()["bias"], None,
                                        None, [0, 32]) is None
     finally:
-        native.sgemm_address.cache_clear()
+        native._blas_address.cache_clear()
+
+
+GEMM_EPILOGUES = [{}, {"activation": "Relu"},
+                  encode([Step("HardSigmoid", gate=True, params=(1 / 6, 0.5))]),
+                  encode([Step("Sigmoid", gate=True)])]
+
+
+@pytest.mark.skipif(native.sgemv_address() is None,
+                    reason="numpy's BLAS is not the bundled OpenBLAS this part calls")
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(2, 1200), k=st.integers(1, 700), epilogue=st.sampled_from(GEMM_EPILOGUES),
+       bias_2d=st.booleans(), seed=seeds)
+def test_a_split_classifier_gemm_gives_the_bits_of_the_gemm_kernel(n, k, epilogue, bias_2d,
+                                                                   seed) -> None:
+    """``x @ B.T + C`` with its fused activation, split into native parts at every size
+    (threshold 0), against the unprepared kernel: numpy's product, C's add, then the
+    activation, one pass each."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gemm_module, "NATIVE_ROW_WORK", 0)
+        _check_classifier_gemm(n, k, epilogue, bias_2d, seed)
+
+
+def _check_classifier_gemm(n: int, k: int, epilogue: dict, bias_2d: bool, seed: int) -> None:
+    x = random_array(seed, (1, k), np.float32)
+    b = random_array(seed + 1, (n, k), np.float32)
+    c = random_array(seed + 2, (1, n) if bias_2d else (n,), np.float32)
+    attrs = {"transB": 1, **epilogue}
+    got = np.full((1, n), np.nan, np.float32)
+    run = gemm_module.prepare_gemm([x, b, c], attrs, [got])
+    assert hasattr(run, "arrays") or n < 2 * gemm_module.ROW_ALIGN  # the native split
+    with blas.one_thread(), np.errstate(all="ignore"):
+        run()
+        want = gemm_module.gemm([x, b, c], attrs)[0]
+    np.testing.assert_array_equal(got, want)
