@@ -116,6 +116,9 @@ def plan(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any], group: i
             return native
         compute, macs = _depthwise(x, w, win, into), y.size * math.prod(win.kernel)
     elif group == 1 and direct_fits(x.shape[1], w.shape, win, x.dtype):
+        native = _native_direct(x, w, win, into, b, fused, tail)
+        if native is not None:
+            return native
         (setup, compute), macs = _direct(x, w, win, into), w.size * y.size // m
     else:
         return None
@@ -300,6 +303,49 @@ def _native_depthwise(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarra
         return True
 
     run.arrays = (record, args, b, params)  # type: ignore[attr-defined]
+    return run
+
+
+def _native_direct(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarray,
+                   b: np.ndarray | None, fused: FusedLoop | None,
+                   tail: Tail | None) -> Callable[[], bool] | None:
+    """An image stem (:func:`.conv.direct_fits`) split by output channels into native parts
+    (:func:`.taps.direct_part`), or None when it does not split that way: float32, a bias, at
+    least :data:`NATIVE_WORK` and an epilogue with a native loop (no residual). Each run splits
+    every image into its phases on the caller (:func:`.taps.phases`), then each part runs
+    :func:`.taps.direct` on its channels (starting at multiples of :data:`DIRECT_ALIGN`, the
+    channels it sums together) and the loop on them, as :func:`_direct` and the fused loop
+    do: the same bits. It returns False (nothing written) for non-finite weights."""
+    m = w.shape[0]
+    if b is None or x.dtype != np.float32 or \
+            into.size * (w[0].size + EPILOGUE_WEIGHT) < NATIVE_WORK:
+        return None
+    after = _native_epilogue(fused, tail)
+    if after is None or after[2] is not None:
+        return None
+    loop, params, _ = after
+    k, s = win.kernel[0], win.strides[0]
+    rows, pitch, span = taps.geometry(k, s, *win.out)
+    o = taps.offsets(k, s, rows, pitch)
+    wk = np.ascontiguousarray(w.reshape(m, x.shape[1], k * k))
+    size, span = s * s * rows * pitch, taps.rounded(span)
+    n, pt, pl = x.shape[0], win.pads_begin[0], win.pads_begin[1]
+    edges = blas.edges(m, 0, DIRECT_ALIGN)
+    record = taps.direct_record(n, x.shape[1] * size + span, size, pitch, o, wk, into, b, loop,
+                                params, edges)
+    if len(edges) < 3 or record is None:
+        return None
+    part, parts, data = taps.direct_part(), len(edges) - 1, record.ctypes.data
+
+    def run() -> bool:
+        if not np.isfinite(w).all():  # padding would multiply inf by 0
+            return False
+        flats = [taps.phases(x[i], s, pt, pl, rows, pitch, span) for i in range(n)]
+        record[-n:] = [f.ctypes.data for f in flats]
+        cores.split_native(parts, part, data)
+        return True
+
+    run.arrays = (record, wk, o, b, params)  # type: ignore[attr-defined]
     return run
 
 

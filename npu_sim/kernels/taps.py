@@ -326,3 +326,56 @@ def depthwise_record(args: tuple, bias: np.ndarray, loop: int, params: np.ndarra
                      address_of(o), address_of(out), *out.shape[2:], loop, address_of(bias),
                      0 if params is None else address_of(params), len(edges) - 1], np.int64)
     return np.concatenate([head, np.asarray(edges, np.int64)])
+
+
+#: The record of :func:`_direct_part` (int64 slots), then its ``parts + 1`` channel edges,
+#: then each image's phases (their addresses, written before every split: :func:`phases`
+#: makes them anew).
+(_FLAT_SIZE, _DN, _DC, _DSIZE, _DPITCH, _DTAPS, _DOFFSETS, _DWEIGHTS, _DM, _DOUT, _DOH, _DOW,
+ _DEPILOGUE, _DBIAS, _DPARAMS, _DPARTS) = range(16)
+_DHEAD = 16
+
+
+def _direct_part(record, part):  # pragma: no cover - numba
+    """Output channels ``edges[part]:edges[part + 1]`` of a direct convolution (an image
+    stem), image by image, from the image's phases: :func:`direct` on those channels, then the
+    epilogue loop on them."""
+    h = carray(record, (_DHEAD,), np.int64)
+    n, parts, m, oh, ow, k2 = h[_DN], h[_DPARTS], h[_DM], h[_DOH], h[_DOW], h[_DTAPS]
+    tail = carray(record, (_DHEAD + parts + 1 + n,), np.int64)
+    lo, hi = tail[_DHEAD + part], tail[_DHEAD + part + 1]
+    o = carray(address(h[_DOFFSETS]), (k2,), np.int64)
+    w = carray(address(h[_DWEIGHTS]), (m, h[_DC], k2), np.float32)
+    for i in range(n):
+        flat = carray(address(tail[_DHEAD + parts + 1 + i]), (h[_FLAT_SIZE],), np.float32)
+        y = h[_DOUT] + (i * m + lo) * oh * ow * 4
+        direct(flat, h[_DSIZE], h[_DPITCH], o, w[lo:hi],
+               carray(address(y), (hi - lo, oh, ow), np.float32))
+        epilogue(h[_DEPILOGUE], y, h[_DBIAS] + lo * 4, 0, h[_DPARAMS], hi - lo, oh * ow)
+
+
+@functools.cache
+def direct_part() -> int:
+    """The address of a direct convolution's :data:`.native.PART` (compiled, or loaded from
+    numba's cache, on first use); its record is :func:`direct_record`'s."""
+    return cfunc(PART, cache=True)(_direct_part).address
+
+
+def direct_record(images: int, flat_size: int, size: int, pitch: int, o: np.ndarray,
+                  w: np.ndarray, out: np.ndarray, bias: np.ndarray, loop: int,
+                  params: np.ndarray | None, edges: list[int]) -> np.ndarray | None:
+    """The record of a direct convolution's native parts: ``images`` images whose phases are
+    ``flat_size`` floats each (:func:`phases`; their addresses go in the record's last
+    ``images`` slots before each split), ``size`` per input channel, rows ``pitch`` apart; tap
+    offsets ``o``; weights ``w`` (M, C, K*K); output ``out`` (N, M, OH, OW); the ``bias``, the
+    address of the :data:`.native.EPILOGUE` ``loop`` and the ``params`` it reads; the parts'
+    channel ``edges``. None when an array is not C-contiguous float32 (the offsets int64)."""
+    if any(a.dtype != np.float32 or not a.flags.c_contiguous for a in (w, out, bias)) or \
+            o.dtype != np.int64 or not o.flags.c_contiguous or bias.shape != (w.shape[0],) or \
+            w.ndim != 3 or out.ndim != 4 or out.shape[:2] != (images, w.shape[0]):
+        return None
+    head = np.array([flat_size, images, w.shape[1], size, pitch, o.size, address_of(o),
+                     address_of(w), w.shape[0], address_of(out), *out.shape[2:], loop,
+                     address_of(bias), 0 if params is None else address_of(params),
+                     len(edges) - 1], np.int64)
+    return np.concatenate([head, np.asarray(edges, np.int64), np.zeros(images, np.int64)])
