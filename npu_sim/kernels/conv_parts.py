@@ -41,7 +41,14 @@ from . import blas, cores, native, taps
 from .activations import apply_activation
 from .bias_fused import FusedLoop, bias_residual, native_form, native_loops
 from .conv import Window, as5d, channel_scale, direct_fits, direct_steps, pointwise
-from .depthwise import tapped, tapped_args, tapped_geometry
+from .depthwise import (
+    channels_last_part,
+    channels_last_record,
+    planar,
+    tapped,
+    tapped_args,
+    tapped_geometry,
+)
 from .epilogue import UFUNCS
 
 #: A 1x1 convolution splits when its multiply-adds plus :data:`EPILOGUE_WEIGHT` per output
@@ -61,7 +68,7 @@ DEPTHWISE_WORK = 3 << 19
 NATIVE_WORK = 1 << 21
 #: A depthwise convolution whose parts run natively (:func:`_native_depthwise`) splits from
 #: this much work (its multiply-adds plus :data:`EPILOGUE_WEIGHT` per output element).
-NATIVE_DEPTHWISE_WORK = 1 << 20
+NATIVE_DEPTHWISE_WORK = 1 << 19
 #: Multiply-adds an output element's bias and epilogue cost, for :data:`SPLIT_WORK` (a SiLU
 #: element about as long as 20 multiply-adds of a one-thread GEMM).
 EPILOGUE_WEIGHT = 20
@@ -271,25 +278,31 @@ def _native_epilogue(fused: FusedLoop | None, tail: Tail | None
 def _native_depthwise(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarray,
                       b: np.ndarray | None, fused: FusedLoop | None,
                       tail: Tail | None) -> Callable[[], bool] | None:
-    """The depthwise convolution on phase-split planes split by output channels into native
-    parts (:func:`.taps.depthwise_part`), or None when it does not split that way: it needs a
-    bias, the :func:`.depthwise.tapped_geometry`, at least :data:`NATIVE_DEPTHWISE_WORK` and
-    an epilogue with a native loop (:func:`_native_epilogue`, no residual). A part runs
+    """The depthwise convolution split by output channels into native parts, or None when it
+    does not split that way: it needs a bias, at least :data:`NATIVE_DEPTHWISE_WORK` and an
+    epilogue with a native loop (:func:`_native_epilogue`, no residual). On phase-split
+    planes (:func:`.depthwise.tapped_geometry`) a part (:func:`.taps.depthwise_part`) runs
     :func:`.taps.depthwise` on its planes and the epilogue's loop on them, as
-    :func:`_depthwise` and the fused loop do, so the same bits. It returns False (nothing
-    written) for non-finite weights, which that path does not take."""
+    :func:`_depthwise` and the fused loop do, so the same bits; the launch returns False
+    (nothing written) for non-finite weights, which that path does not take. Smaller planes
+    run channels-last (:func:`_native_channels_last`)."""
     x5, w5 = as5d(x), as5d(w)
     _, st3, di3, pb3 = win.as3()
     out3 = (1,) * (3 - len(win.out)) + win.out
     m, taps_ = w.shape[0], math.prod(win.kernel)
-    if b is None or into.size * (taps_ + EPILOGUE_WEIGHT) < NATIVE_DEPTHWISE_WORK or \
-            not tapped_geometry(x5, w5, st3, di3, pb3, out3):
+    if b is None or into.size * (taps_ + EPILOGUE_WEIGHT) < NATIVE_DEPTHWISE_WORK:
         return None
     after = _native_epilogue(fused, tail)
     if after is None or after[2] is not None:
         return None
     loop, params, _ = after
     edges = blas.edges(m, 0)
+    if not tapped_geometry(x5, w5, st3, di3, pb3, out3):
+        if planar(x5.shape[1], math.prod(out3), int(st3[2])) or m != x5.shape[1]:
+            return None
+        return _native_channels_last(x5, w5, np.concatenate([st3, di3, pb3]).astype(np.int64),
+                                     into.reshape(x5.shape[0], m, *out3), b, loop, params,
+                                     edges)
     args = tapped_args(x5, w5, st3, pb3, out3, into)
     record = taps.depthwise_record(args, b, loop, params, edges)
     if len(edges) < 3 or record is None:
@@ -346,6 +359,29 @@ def _native_direct(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarray,
         return True
 
     run.arrays = (record, wk, o, b, params)  # type: ignore[attr-defined]
+    return run
+
+
+def _native_channels_last(x5: np.ndarray, w5: np.ndarray, window: np.ndarray, y: np.ndarray,
+                          b: np.ndarray, loop: int, params: np.ndarray | None,
+                          edges: list[int]) -> Callable[[], bool] | None:
+    """A depthwise convolution that runs channels-last (small planes, strided ones: not
+    :func:`.depthwise.planar`, one output channel per input channel) split by channels into
+    native parts (:func:`.depthwise.channels_last_part`), or None when the record refuses the
+    arrays. Each part transposes its own channels, as :func:`.depthwise.depthwise` transposes
+    them all; padding is skipped there, so any weights take it."""
+    w4 = np.ascontiguousarray(w5[:, 0])
+    made = channels_last_record(x5, w4, window, y, b, loop, params, edges)
+    if len(edges) < 3 or made is None:
+        return None
+    record, buffers = made
+    part, parts, data = channels_last_part(), len(edges) - 1, record.ctypes.data
+
+    def run() -> bool:
+        cores.split_native(parts, part, data)
+        return True
+
+    run.arrays = (record, buffers, w4, window, b, params)  # type: ignore[attr-defined]
     return run
 
 

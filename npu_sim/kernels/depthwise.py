@@ -36,12 +36,14 @@ same bits as before: no fastmath.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
-from numba import njit
+from numba import carray, cfunc, njit
 
 from . import blas, taps
+from .native import PART, address, address_of, epilogue
 
 #: Depthwise convolutions of at least this many MACs run on the kernels' threads (smaller
 #: ones measured slower split than whole on a busy 2-core machine: 240 channels of 14x14, 5x5).
@@ -232,3 +234,87 @@ def launch(loop, args: tuple, count: int, macs: int) -> None:
         loop(*args, 0, count)
     else:
         blas.spread(count, lambda lo, hi: loop(*args, lo, hi))
+
+
+# -- a channels-last depthwise convolution's native part (npu_sim.kernels.native) -------------
+
+#: The record of :func:`_channels_last_part` (int64 slots), then its ``parts + 1`` channel
+#: edges, then each part's scratch buffer (:func:`channels_last_record`).
+(_X, _N, _M, _D, _H, _W, _WEIGHTS, _KD, _KH, _KW, _WINDOW, _OUT, _OD, _OH, _OW, _EPILOGUE,
+ _BIAS, _PARAMS, _PARTS) = range(19)
+_HEAD = 19
+
+
+def _channels_last_part(record, part):  # pragma: no cover - numba
+    """Channels ``edges[part]:edges[part + 1]`` of a depthwise convolution of one output channel
+    per input channel, channels-last as :func:`depthwise` runs it: those channels of the input
+    and weights transposed into the part's own buffer, :func:`channels_last_rows` on every
+    output row from zeros, the result transposed back, then the epilogue loop on it. A channel
+    is one lane of the channel loop whatever the others are, so the same bits."""
+    h = carray(record, (_HEAD,), np.int64)
+    parts = h[_PARTS]
+    tail = carray(record, (_HEAD + 2 * parts + 1,), np.int64)
+    lo, hi = tail[_HEAD + part], tail[_HEAD + part + 1]
+    n, m, d, hh, ww, kd, kh, kw = h[_N], h[_M], h[_D], h[_H], h[_W], h[_KD], h[_KH], h[_KW]
+    od, oh, ow, mk = h[_OD], h[_OH], h[_OW], hi - lo
+    window = carray(address(h[_WINDOW]), (9,), np.int64)
+    x = carray(address(h[_X]), (n, m, d, hh, ww), np.float32)
+    w = carray(address(h[_WEIGHTS]), (m, kd, kh, kw), np.float32)
+    out = carray(address(h[_OUT]), (n, m, od, oh, ow), np.float32)
+    sx, sw, sy = n * d * hh * ww * mk, kd * kh * kw * mk, n * od * oh * ow * mk
+    buf = carray(address(tail[_HEAD + parts + 1 + part]), (sx + sw + sy,), np.float32)
+    xt = buf[:sx].reshape((n, d, hh, ww, mk))
+    wt = buf[sx:sx + sw].reshape((kd, kh, kw, mk))
+    yt = buf[sx + sw:].reshape((n, od, oh, ow, mk))
+    for c in range(mk):
+        for i in range(n):
+            for z in range(d):
+                for y in range(hh):
+                    for e in range(ww):
+                        xt[i, z, y, e, c] = x[i, lo + c, z, y, e]
+        for z in range(kd):
+            for y in range(kh):
+                for e in range(kw):
+                    wt[z, y, e, c] = w[lo + c, z, y, e]
+    yt[:] = 0
+    channels_last_rows(xt, wt, window[0:3], window[3:6], window[6:9], yt, 0, n * od * oh)
+    for i in range(n):
+        for c in range(mk):
+            for z in range(od):
+                for y in range(oh):
+                    for e in range(ow):
+                        out[i, lo + c, z, y, e] = yt[i, z, y, e, c]
+        epilogue(h[_EPILOGUE], h[_OUT] + (i * m + lo) * od * oh * ow * 4, h[_BIAS] + lo * 4, 0,
+                 h[_PARAMS], mk, od * oh * ow)
+
+
+@functools.cache
+def channels_last_part() -> int:
+    """The address of a channels-last depthwise convolution's :data:`.native.PART` (compiled,
+    or loaded from numba's cache, on first use); its record is :func:`channels_last_record`'s."""
+    return cfunc(PART, cache=True)(_channels_last_part).address
+
+
+def channels_last_record(x5: np.ndarray, w4: np.ndarray, window: np.ndarray, y: np.ndarray,
+                         bias: np.ndarray, loop: int, params: np.ndarray | None,
+                         edges: list[int]) -> tuple[np.ndarray, list[np.ndarray]] | None:
+    """The record of a channels-last depthwise convolution's native parts and the scratch
+    buffers it points to (the caller keeps both, and the arrays, alive while it is used):
+    input ``x5`` (N, M, D, H, W), weights ``w4`` (M, KD, KH, KW), ``window`` its 3-D strides,
+    dilations and leading pads (9 int64), output ``y`` (N, M, OD, OH, OW), the ``bias``, the
+    address of the :data:`.native.EPILOGUE` ``loop`` and the ``params`` it reads, the parts'
+    channel ``edges``. None when an array is not C-contiguous float32 (the window int64)."""
+    if any(a.dtype != np.float32 or not a.flags.c_contiguous for a in (x5, w4, y, bias)) or \
+            window.dtype != np.int64 or window.shape != (9,) or x5.shape[1] != w4.shape[0] or \
+            y.shape[:2] != x5.shape[:2] or bias.shape != (w4.shape[0],):
+        return None
+    n, m = x5.shape[:2]
+    widest = int(np.diff(edges).max())
+    floats = widest * (n * math.prod(x5.shape[2:]) + math.prod(w4.shape[1:]) +
+                       n * math.prod(y.shape[2:]))
+    buffers = [np.empty(floats, np.float32) for _ in edges[1:]]
+    head = np.array([address_of(x5), n, m, *x5.shape[2:], address_of(w4), *w4.shape[1:],
+                     address_of(window), address_of(y), *y.shape[2:], loop, address_of(bias),
+                     0 if params is None else address_of(params), len(edges) - 1], np.int64)
+    return np.concatenate([head, np.asarray(edges, np.int64),
+                           np.array([address_of(b) for b in buffers], np.int64)]), buffers

@@ -107,6 +107,25 @@ def test_a_split_squeeze_excite_projection_gives_the_bits_of_the_whole_launch(
 
 
 @settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 2), c=st.integers(2, 300), k=st.sampled_from([1, 3, 5]),
+       s=st.integers(1, 2), size=st.integers(1, 13), bias=st.booleans(),
+       epilogue=st.sampled_from(EPILOGUES), seed=seeds)
+def test_a_split_channels_last_depthwise_conv_gives_the_bits_of_the_whole_launch(
+        n, c, k, s, size, bias, epilogue, seed):
+    """Output planes below 14x14 run channels-last: each native part transposes its own
+    channels in and out; padding is skipped there, so infinite weights take it too."""
+    x = with_specials(random_array(seed, (n, c, size * s, size * s), np.float32, -4, 4), seed,
+                      SPECIALS)
+    w = with_specials(random_array(seed + 1, (c, 1, k, k), np.float32, -1, 1), seed + 1,
+                      [np.inf, -np.inf, np.nan])
+    b = random_array(seed + 2, (c,), np.float32) if bias or epilogue else None
+    attrs = {"group": c, "kernel_shape": (k, k), "strides": (s, s), "pads": (k // 2,) * 4,
+             **epilogue}
+    out = (size * s + 2 * (k // 2) - k) // s + 1
+    assert_split_equals_whole(x, w, b, attrs, (n, c, out, out), planned=b is not None)
+
+
+@settings(max_examples=60, deadline=None)
 @given(n=st.integers(1, 2), c=st.integers(2, 20), mult=st.integers(1, 2),
        k=st.sampled_from([3, 5]), s=st.integers(1, 2), size=st.integers(0, 12), bias=st.booleans(),
        epilogue=st.sampled_from(EPILOGUES), seed=seeds)
