@@ -254,7 +254,8 @@ def _native_pointwise(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, A
         return True
 
     # what the record's addresses point into lives as long as the launch
-    run.arrays = (record, weights, scaled, params, columns, residual)  # type: ignore[attr-defined]
+    arrays = (record, weights, scaled, params, columns, residual, y, b)
+    run.arrays = arrays  # type: ignore[attr-defined]
     return run
 
 
@@ -358,7 +359,7 @@ def _native_direct(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarray,
         cores.split_native(parts, part, data)
         return True
 
-    run.arrays = (record, wk, o, b, params)  # type: ignore[attr-defined]
+    run.arrays = (record, wk, o, into, b, params)  # type: ignore[attr-defined]
     return run
 
 
@@ -381,7 +382,7 @@ def _native_channels_last(x5: np.ndarray, w5: np.ndarray, window: np.ndarray, y:
         cores.split_native(parts, part, data)
         return True
 
-    run.arrays = (record, buffers, w4, window, b, params)  # type: ignore[attr-defined]
+    run.arrays = (record, buffers, x5, w4, window, y, b, params)  # type: ignore[attr-defined]
     return run
 
 

@@ -236,7 +236,7 @@ def _native_row_product(inputs: Sequence[np.ndarray | None], attrs: Mapping[str,
             cores.split_native(parts, part, data)
         return [into]
 
-    run.arrays = (record, params)  # type: ignore[attr-defined] # the record points into them
+    run.arrays = (record, a, b, c, into, params)  # type: ignore[attr-defined] # in the record
     return run
 
 
