@@ -18,6 +18,9 @@ the gain on all but the largest launches. :func:`split` does better:
 - a launch run many times (a prepared kernel) goes through a :class:`Choice`, which times it
   split and whole in its first runs and keeps the faster way.
 
+- a part that is native code (:func:`split_native`: an address and a record, a numba
+  ``cfunc``) is run by a spinning helper from its compiled spin loop, without the GIL at all.
+
 Each part is a range of output elements computed with exactly the arithmetic of the unsplit
 launch, so the values are the same bits whichever thread computes which part. A part must
 release the GIL for the split to gain (numpy's BLAS calls and ufuncs do, and so do the nogil
@@ -28,8 +31,9 @@ Measured on 2 vCPUs (AMD EPYC Zen 4), handing an empty job to the helper and wai
 ThreadPoolExecutor submit + result 59-93 us; a helper blocked on a condition 43 us; a helper
 still spinning 4-22 us.
 
-What still costs is the GIL between a part's calls: a thread that asks for it while the other
-holds it sleeps on CPython's condition variable, and waking it costs 10-40 us here. Timed
+What still costs a Python part is the GIL between its calls (native parts pay none of it):
+a thread that asks for it while the other holds it sleeps on CPython's condition variable, and
+waking it costs 10-40 us here. Timed
 inside a split 1x1 convolution of 16 to 72 channels (56x56, Relu), the helper's part started
 12-44 us after the post, and the two GEMM halves took 47-53 and 56-88 us against about 70 us
 for the whole (a GEMM of 16-long rows streams and packs the whole input in each part). So a
@@ -265,12 +269,13 @@ def _post_native(native, posted, function, data, parts):  # pragma: no cover - c
 
 @njit(cache=True, nogil=True)
 def _finish_native(native, seq, parts):  # pragma: no cover - compiled
-    """The poster's share of native job ``seq``: run parts, then spin until all have ended;
-    how many parts it ran."""
-    ran = _run_native(native, seq)
+    """The poster's share of native job ``seq``: run parts, then spin until all have ended.
+    How many parts it ran, and how many spins it then waited for a helper's part."""
+    ran, waited = _run_native(native, seq), 0
     while _load(native, _DONE) < parts:
         _pause()
-    return ran
+        waited += 1
+    return ran, waited
 
 
 @njit(cache=True, nogil=True)
@@ -408,12 +413,18 @@ class _Team:
     def run_native(self, parts: int, function: int, data: int) -> int:
         """Post a native job (:func:`split_native`) and run parts of it until all have ended:
         the helpers take theirs in compiled code, without the GIL. How many parts the caller
-        ran."""
+        ran. A caller that then waited :data:`LATE` for a helper's part (a helper that
+        claimed it and lost its core) counts the split late, as :meth:`run` does."""
         with self.wake:
             seq = _post_native(self.native, self.posted, function, data, parts)
             if self.sleepers:
                 self.wake.notify_all()
-        return _finish_native(self.native, seq, parts)
+        ran, waited = _finish_native(self.native, seq, parts)
+        if waited > self.spins * (LATE / SPIN_SECONDS):
+            self.strike()
+        else:
+            self.strikes = 0
+        return ran
 
     def strike(self) -> None:
         """Count a split that found the host busy; at :data:`STRIKES` in a row, rest."""
@@ -456,11 +467,14 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def _others_running(helpers: _Team) -> bool:
+def _others_running(helpers: _Team, *, awake: bool = True) -> bool:
     """Whether more threads are running on the host than this caller and its spinning helpers
     (Linux's count of runnable tasks, ``/proc/loadavg``, 2 us to read): another process has a
     core, and a helper would only take time from the caller. False where the count does not
-    speak for this process's CPUs (:data:`_LOAD_IS_OURS`) or cannot be read."""
+    speak for this process's CPUs (:data:`_LOAD_IS_OURS`) or cannot be read. ``awake``
+    False: whether more threads run than there are cores (a native split's test: a helper
+    asleep costs it nothing, and the count then often held one thread more than the caller,
+    which made 27 of a MobileNet-V3's 840 splits run serially for nothing)."""
     global _loadavg
     if not _LOAD_IS_OURS:
         return False
@@ -475,7 +489,8 @@ def _others_running(helpers: _Team) -> bool:
         running = int(os.pread(_loadavg, 128, 0).split()[3].split(b"/")[0])
     except (OSError, ValueError, IndexError):
         return False
-    return running > THREADS - helpers.sleepers  # the caller and each helper not asleep
+    # the caller and each helper not asleep
+    return running > THREADS - (helpers.sleepers if awake else 0)
 
 
 def team() -> _Team | None:
@@ -558,7 +573,10 @@ def split_native(parts: int, function: int, data: int) -> None:
     below a few hundred microseconds. A helper spinning after a job takes a native part at
     once, in compiled code, and the caller runs the parts no helper has claimed, so a split
     costs a whole run and a post at worst. Resting helpers (:data:`REST`) leave every part
-    to the caller; a split already running (another thread's) runs this one serially."""
+    to the caller, and so does a host busy with other threads (:func:`_others_running`: a
+    helper sharing its core with another thread may lose it in the middle of a part, which
+    the caller then waits for); a split already running (another thread's) runs this one
+    serially."""
     helpers = team()
     if parts <= 1 or parts > _FIELD or helpers is None or \
             not helpers.busy.acquire(blocking=False):
@@ -569,6 +587,9 @@ def split_native(parts: int, function: int, data: int) -> None:
             helpers.rest -= 1
             if not helpers.rest:
                 helpers.spin = helpers.spins
+            _serial_native(function, data, parts)
+        elif _others_running(helpers, awake=False):
+            helpers.strike()
             _serial_native(function, data, parts)
         else:
             helpers.run_native(parts, function, data)

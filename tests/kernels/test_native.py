@@ -194,3 +194,20 @@ def _check_classifier_gemm(n: int, k: int, epilogue: dict, bias_2d: bool, seed: 
         run()
         want = gemm_module.gemm([x, b, c], attrs)[0]
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.skipif(cores.THREADS < 2, reason="one core: every split runs on the caller")
+def test_a_busy_host_runs_native_parts_on_the_caller(monkeypatch) -> None:
+    """More threads running than cores: the split is left to the caller, and counts towards
+    the helpers' rest. A native split asks about running threads beyond the cores (a sleeping
+    helper costs it nothing), not beyond the caller and its awake helpers."""
+    helpers = cores.team()
+    helpers.strikes = helpers.rest = 0
+    helpers.spin = helpers.spins
+    asked: list[bool] = []
+    monkeypatch.setattr(cores, "_others_running",
+                        lambda helpers, awake=True: asked.append(awake) or True)
+    assert _counts(8)[:8].tolist() == [1] * 8
+    assert asked == [False]
+    assert helpers.strikes == 1
+    helpers.strikes = 0
