@@ -33,14 +33,18 @@ FusedLoop = Callable[[np.ndarray, np.ndarray], bool]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _bias_relu(y, b):  # pragma: no cover - numba
+def _bias_relu(y, b, relu):  # pragma: no cover - numba
     for n in range(y.shape[0]):
         for m in range(y.shape[1]):
             row = y[n, m]
             bias = b[m]
-            for p in range(row.size):
-                v = row[p] + bias
-                row[p] = 0 if v < 0 else v  # NaN passes through, as the Relu kernel's loop
+            if relu:
+                for p in range(row.size):
+                    v = row[p] + bias
+                    row[p] = 0 if v < 0 else v  # NaN passes through, as the Relu kernel's loop
+            else:
+                for p in range(row.size):
+                    row[p] = row[p] + bias  # float32, as numpy's add
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -58,22 +62,12 @@ def _bias_residual(y, b, r, relu):  # pragma: no cover - numba
                     row[p] = (row[p] + bias) + other[p]
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _bias(y, b):  # pragma: no cover - numba
-    for n in range(y.shape[0]):
-        for m in range(y.shape[1]):
-            row = y[n, m]
-            bias = b[m]
-            for p in range(row.size):
-                row[p] = row[p] + bias  # float32, as numpy's add
-
-
 def _bias_rows(y, b, r, params, rows, columns):  # pragma: no cover - numba
-    _bias(carray(y, (1, rows, columns), np.float32), carray(b, (rows,), np.float32))
+    _bias_relu(carray(y, (1, rows, columns), np.float32), carray(b, (rows,), np.float32), False)
 
 
 def _bias_relu_rows(y, b, r, params, rows, columns):  # pragma: no cover - numba
-    _bias_relu(carray(y, (1, rows, columns), np.float32), carray(b, (rows,), np.float32))
+    _bias_relu(carray(y, (1, rows, columns), np.float32), carray(b, (rows,), np.float32), True)
 
 
 def _bias_residual_rows(y, b, r, params, rows, columns):  # pragma: no cover - numba
@@ -122,7 +116,8 @@ def fused_bias_loop(op: str, attrs: Mapping[str, Any]) -> FusedLoop | None:
     if "epilogue" not in attrs:
         params = attrs.get("activation_params", ())
         if activation == "Relu" and not params:
-            return _checked(_bias_relu, lambda: (native_loops()["bias_relu"], None))
+            return _checked(lambda rows, bias: _bias_relu(rows, bias, True),
+                            lambda: (native_loops()["bias_relu"], None))
         if activation == "Sigmoid" and not params:
             return _checked(lambda rows, bias: bias_sigmoid(rows, bias, False),
                             lambda: mlas.native_bias_sigmoid(False))

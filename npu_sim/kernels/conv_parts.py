@@ -35,6 +35,7 @@ view, whose epilogue loops do not vectorise.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -252,16 +253,32 @@ def _native_pointwise(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, A
                                      edges)
     if record is None:
         return None
-    part, parts, data = native.pointwise_part(), len(edges) - 1, record.ctypes.data
+    return _native_launch(record, native.pointwise_part(), len(edges) - 1,
+                          (weights, scaled, params, columns, residual, y, b), blas_call=True)
+
+
+def _native_launch(record: np.ndarray, part: int, parts: int, arrays: tuple, *,
+                   finite: np.ndarray | None = None,
+                   before: Callable[[], object] | None = None,
+                   blas_call: bool = False) -> Callable[[], bool]:
+    """A launch of ``parts`` native parts at address ``part`` reading ``record``, which holds
+    the addresses of ``arrays`` (kept alive with the launch, as the record is). Each run first
+    returns False (nothing written) when ``finite`` holds a non-finite value (the tap loops
+    multiply padding by the weights: ``inf * 0`` is NaN), then calls ``before`` (its result
+    kept until the parts have run), then splits; ``blas_call``: the parts call BLAS, which
+    runs one thread per part."""
+    data = record.ctypes.data
 
     def run() -> bool:
-        with blas.single_thread():  # one BLAS thread per part, as the Python parts
+        if finite is not None and not np.isfinite(finite).all():
+            return False
+        made = before() if before is not None else None
+        with blas.single_thread() if blas_call else contextlib.nullcontext():
             cores.split_native(parts, part, data)
+        del made
         return True
 
-    # what the record's addresses point into lives as long as the launch
-    arrays = (record, weights, scaled, params, columns, residual, y, b)
-    run.arrays = arrays  # type: ignore[attr-defined]
+    run.arrays = (record, *arrays)  # type: ignore[attr-defined]
     return run
 
 
@@ -304,6 +321,8 @@ def _native_depthwise(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarra
         return None
     loop, params, _ = after
     edges = blas.edges(m, 0)
+    if len(edges) < 3:
+        return None
     if not tapped_geometry(x5, w5, st3, di3, pb3, out3):
         if planar(x5.shape[1], math.prod(out3), int(st3[2])) or m != x5.shape[1]:
             return None
@@ -312,18 +331,10 @@ def _native_depthwise(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarra
                                      edges)
     args = tapped_args(x5, w5, st3, pb3, out3, into)
     record = taps.depthwise_record(args, b, loop, params, edges)
-    if len(edges) < 3 or record is None:
+    if record is None:
         return None
-    part, parts, data = taps.depthwise_part(), len(edges) - 1, record.ctypes.data
-
-    def run() -> bool:
-        if not np.isfinite(w).all():  # padding would multiply inf by 0
-            return False
-        cores.split_native(parts, part, data)
-        return True
-
-    run.arrays = (record, args, b, params)  # type: ignore[attr-defined]
-    return run
+    return _native_launch(record, taps.depthwise_part(), len(edges) - 1, (args, b, params),
+                          finite=w)
 
 
 def _native_direct(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarray,
@@ -351,22 +362,19 @@ def _native_direct(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarray,
     size, span = s * s * rows * pitch, taps.rounded(span)
     n, pt, pl = x.shape[0], win.pads_begin[0], win.pads_begin[1]
     edges = blas.edges(m, 0, DIRECT_ALIGN)
+    if len(edges) < 3:
+        return None
     record = taps.direct_record(n, x.shape[1] * size + span, size, pitch, o, wk, into, b, loop,
                                 params, edges)
-    if len(edges) < 3 or record is None:
+    if record is None:
         return None
-    part, parts, data = taps.direct_part(), len(edges) - 1, record.ctypes.data
-
-    def run() -> bool:
-        if not np.isfinite(w).all():  # padding would multiply inf by 0
-            return False
+    def phases() -> list[np.ndarray]:
         flats = [taps.phases(x[i], s, pt, pl, rows, pitch, span) for i in range(n)]
         record[-n:] = [f.ctypes.data for f in flats]
-        cores.split_native(parts, part, data)
-        return True
+        return flats
 
-    run.arrays = (record, wk, o, into, b, params)  # type: ignore[attr-defined]
-    return run
+    return _native_launch(record, taps.direct_part(), len(edges) - 1, (wk, o, into, b, params),
+                          finite=w, before=phases)
 
 
 def _native_channels_last(x5: np.ndarray, w5: np.ndarray, window: np.ndarray, y: np.ndarray,
@@ -379,17 +387,11 @@ def _native_channels_last(x5: np.ndarray, w5: np.ndarray, window: np.ndarray, y:
     them all; padding is skipped there, so any weights take it."""
     w4 = np.ascontiguousarray(w5[:, 0])
     made = channels_last_record(x5, w4, window, y, b, loop, params, edges)
-    if len(edges) < 3 or made is None:
+    if made is None:
         return None
     record, buffers = made
-    part, parts, data = channels_last_part(), len(edges) - 1, record.ctypes.data
-
-    def run() -> bool:
-        cores.split_native(parts, part, data)
-        return True
-
-    run.arrays = (record, buffers, x5, w4, window, y, b, params)  # type: ignore[attr-defined]
-    return run
+    return _native_launch(record, channels_last_part(), len(edges) - 1,
+                          (buffers, x5, w4, window, y, b, params))
 
 
 def _pointwise(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],

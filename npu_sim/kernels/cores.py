@@ -16,8 +16,7 @@ the gain on all but the largest launches. :func:`split` does better:
 - on a busy host (another process running, or helpers that come late) splits run on the caller
   and the helpers stop spinning for a while (:data:`LATE`).
 - a launch run many times (a prepared kernel) goes through a :class:`Choice`, which times it
-  split and whole in its first runs and keeps the faster way.
-
+  split and whole in its first runs and keeps the faster way;
 - a part that is native code (:func:`split_native`: an address and a record, a numba
   ``cfunc``) is run by a spinning helper from its compiled spin loop, without the GIL at all.
 
@@ -180,17 +179,6 @@ def _pause(typingctx):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _await_change(flag, seen, limit):  # pragma: no cover - compiled
-    """Spin while ``flag[0] == seen``, at most ``limit`` times; ``flag[0]`` then."""
-    for _ in range(limit):
-        value = _load(flag, 0)
-        if value != seen:
-            return value
-        _pause()
-    return _load(flag, 0)
-
-
-@njit(cache=True, nogil=True)
 def _claim(counts):  # pragma: no cover - compiled
     return _fetch_add(counts, 0)
 
@@ -232,6 +220,12 @@ _SEQUENCE = (1 << 23) - 1  # its sequence number: the job's post number, 23 bits
 @njit(cache=True, nogil=True)
 def _word(seq, parts):  # pragma: no cover - compiled
     return ((seq & _SEQUENCE) << 40) | (parts << 20)
+
+
+@njit(cache=True, nogil=True)
+def _is_native(native, seq):  # pragma: no cover - compiled
+    """Whether post number ``seq`` is a native job (its claim word carries that number)."""
+    return _load(native, _WORD) >> 40 == seq & _SEQUENCE
 
 
 @njit(cache=True, nogil=True)
@@ -296,16 +290,11 @@ def _serve_native(posted, seen, limit, native):  # pragma: no cover - compiled
             _pause()
             spins += 1
             continue
-        if _load(native, _WORD) >> 40 != value & _SEQUENCE:
+        if not _is_native(native, value):
             return value
         _run_native(native, value)
         seen, spins = value, 0
     return seen
-
-
-@njit(cache=True, nogil=True)
-def _is_native(native, seq):  # pragma: no cover - compiled
-    return _load(native, _WORD) >> 40 == seq & _SEQUENCE
 
 
 class _Job:
@@ -446,9 +435,10 @@ def _finish_uninterrupted(job: _Job) -> None:
 
 def _spins(flag: np.ndarray) -> int:
     """How many iterations of the spin loop take :data:`SPIN_SECONDS` on this CPU."""
-    _await_change(flag, flag[0], 10)  # compiled (or loaded from the cache) before timing
+    idle = np.zeros(4, np.int64)  # no native job
+    _serve_native(flag, flag[0], 10, idle)  # compiled (or loaded from the cache) before timing
     start = time.perf_counter()
-    _await_change(flag, flag[0], 20000)
+    _serve_native(flag, flag[0], 20000, idle)
     per = (time.perf_counter() - start) / 20000
     return max(1000, int(SPIN_SECONDS / max(per, 1e-9)))
 

@@ -1,16 +1,19 @@
-"""Kernel helper: native code reached by address (a part run over the cores, BLAS's sgemm).
+"""Kernel helper: native code reached by address (parts run over the cores, BLAS's own calls).
 
 A launch split over the cores with Python parts pays for the GIL at every part's start and
 between its calls (:mod:`.cores`); a part that is one native function pays neither: the helper
 threads run it from their spin loop (:func:`.cores.split_native`). Such a part is a numba
 ``cfunc`` of :data:`PART` that reads its operands from an ``int64`` record of addresses and
-sizes, and calls, by address, the sgemm numpy's BLAS runs (:func:`sgemm_address`) and the
-one-pass epilogue loops of the launch (:data:`EPILOGUE`, each a ``cfunc`` beside the loop it
-runs: numba's cache knows a function's own file only).
+sizes, and calls, by address, the BLAS functions numpy's ``matmul`` calls
+(:func:`sgemm_address`, :func:`sgemv_address`) and the one-pass epilogue loop of the launch
+(:data:`EPILOGUE`, each a ``cfunc`` beside the loop it runs: numba's cache knows a function's
+own file only, so a cached part never keeps an old copy of a loop it would inline).
 
-:func:`sgemm_address` is the ``cblas_sgemm`` of the OpenBLAS that numpy's wheel bundles, the
-function numpy's ``matmul`` calls for a float32 product of two C-contiguous matrices, so a part
-that calls it on the same operands gets the same bits (``tests/kernels/test_native.py``).
+This module holds the 1x1 convolution's part (:func:`pointwise_part`, rows of weights times
+each image's pixel columns) and the classifier Gemm's (:func:`gemv_part`, outputs of a row
+vector times a transposed matrix); the depthwise and image-stem parts live beside their loops
+(:mod:`.taps`, :mod:`.depthwise`). A part that calls numpy's ``cblas_sgemm`` or ``cblas_sgemv``
+on the operands ``matmul`` would pass gets ``matmul``'s bits (``tests/kernels/test_native.py``).
 """
 
 from __future__ import annotations
