@@ -18,7 +18,7 @@ import onnxruntime
 
 from ..errors import InvalidArgument, RuntimeException
 from .registry import is_registered, known_elsewhere, unknown_provider
-from .typed_options import Option, boolean, int32, member, text
+from .typed_options import Option, TypedOptions, boolean, int32, member, text
 
 # EPContext generation and loading (shared/reference/ort-ep-context-design.md).
 EP_CONTEXT_ENABLE = "ep.context_enable"
@@ -71,7 +71,7 @@ _ORT_DEFAULTS = onnxruntime.SessionOptions()
 """The installed onnxruntime's defaults, which the plain attributes below start from."""
 
 
-class SessionOptions:
+class SessionOptions(TypedOptions):
     """Options for :class:`~ep.framework.session.InferenceSession` and
     :class:`~ep.framework.model_compiler.ModelCompiler`.
 
@@ -87,44 +87,28 @@ class SessionOptions:
     wrong type is a ``TypeError`` when it is set (:mod:`.typed_options`).
     """
 
-    __slots__ = ("_values", "_config", "_providers", "_free_dims", "_free_denotations")
+    __slots__ = ("_config", "_providers", "_free_dims", "_free_denotations")
 
-    enable_profiling = Option(boolean)
-    profile_file_prefix = Option(text)
-    intra_op_num_threads = Option(int32)
-    inter_op_num_threads = Option(int32)
-    graph_optimization_level = Option(member(GraphOptimizationLevel))
-    execution_mode = Option(member(ExecutionMode))
-    execution_order = Option(member(ExecutionOrder))
-    optimized_model_filepath = Option(text)
-    log_severity_level = Option(int32)
-    log_verbosity_level = Option(int32)
-    logid = Option(text)
-    enable_cpu_mem_arena = Option(boolean)
-    enable_mem_pattern = Option(boolean)
-    enable_mem_reuse = Option(boolean)
-    use_deterministic_compute = Option(boolean)
-    use_per_session_threads = Option(boolean)
+    enable_profiling = Option(boolean, False)
+    profile_file_prefix = Option(text, "onnxruntime_profile_")
+    intra_op_num_threads = Option(int32, 0)
+    inter_op_num_threads = Option(int32, 0)
+    graph_optimization_level = Option(member(GraphOptimizationLevel),
+                                      GraphOptimizationLevel.ORT_ENABLE_ALL)
+    execution_mode = Option(member(ExecutionMode), ExecutionMode.ORT_SEQUENTIAL)
+    execution_order = Option(member(ExecutionOrder), ExecutionOrder.DEFAULT)
+    optimized_model_filepath = Option(text, "")
+    log_severity_level = Option(int32, _ORT_DEFAULTS.log_severity_level)
+    log_verbosity_level = Option(int32, _ORT_DEFAULTS.log_verbosity_level)
+    logid = Option(text, _ORT_DEFAULTS.logid)
+    enable_cpu_mem_arena = Option(boolean, _ORT_DEFAULTS.enable_cpu_mem_arena)
+    enable_mem_pattern = Option(boolean, _ORT_DEFAULTS.enable_mem_pattern)
+    enable_mem_reuse = Option(boolean, _ORT_DEFAULTS.enable_mem_reuse)
+    use_deterministic_compute = Option(boolean, _ORT_DEFAULTS.use_deterministic_compute)
+    use_per_session_threads = Option(boolean, _ORT_DEFAULTS.use_per_session_threads)
 
     def __init__(self) -> None:
-        self._values: dict[str, Any] = {}  # the typed attributes' (Option)
-        self.enable_profiling = False
-        self.profile_file_prefix = "onnxruntime_profile_"
-        self.intra_op_num_threads = 0
-        self.inter_op_num_threads = 0
-        self.graph_optimization_level = GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.execution_mode = ExecutionMode.ORT_SEQUENTIAL
-        self.execution_order = ExecutionOrder.DEFAULT
-        self.optimized_model_filepath = ""
-        ort = _ORT_DEFAULTS
-        self.log_severity_level = ort.log_severity_level
-        self.log_verbosity_level = ort.log_verbosity_level
-        self.logid = ort.logid
-        self.enable_cpu_mem_arena = ort.enable_cpu_mem_arena
-        self.enable_mem_pattern = ort.enable_mem_pattern
-        self.enable_mem_reuse = ort.enable_mem_reuse
-        self.use_deterministic_compute = ort.use_deterministic_compute
-        self.use_per_session_threads = ort.use_per_session_threads
+        super().__init__()
         self._config: dict[str, str] = {}
         self._providers: list[tuple[str, dict[str, str]]] = []
         self._free_dims: dict[str, int] = {}

@@ -18,34 +18,29 @@ import onnxruntime
 
 from ..errors import Fail, OrtError
 from .options import config_entry
-from .typed_options import Option, boolean, int32, text
+from .typed_options import Option, TypedOptions, boolean, int32, text
 
 #: onnxruntime's logging severities: verbose, info, warning, error, fatal; -1 is the session's.
 SEVERITIES = range(0, 5)
 
 
-class RunOptions:
+class RunOptions(TypedOptions):
     """Options of one run, with onnxruntime's attributes and defaults: ``log_severity_level``
     (-1: the session's), ``log_verbosity_level``, ``logid``, ``only_execute_path_to_fetches``
     (a run here only ever executes the partitions its outputs need) and ``terminate`` (a run
     started with it set fails at once, as onnxruntime's does). Any other attribute is an
     ``AttributeError``, as on onnxruntime's."""
 
-    __slots__ = ("_values", "_config")
+    __slots__ = ("_config",)
 
-    log_severity_level = Option(int32)
-    log_verbosity_level = Option(int32)
-    logid = Option(text)
-    only_execute_path_to_fetches = Option(boolean)
-    terminate = Option(boolean)
+    log_severity_level = Option(int32, -1)
+    log_verbosity_level = Option(int32, 0)
+    logid = Option(text, "")
+    only_execute_path_to_fetches = Option(boolean, False)
+    terminate = Option(boolean, False)
 
     def __init__(self) -> None:
-        self._values: dict[str, Any] = {}  # the typed attributes' (Option)
-        self.log_severity_level = -1
-        self.log_verbosity_level = 0
-        self.logid = ""
-        self.only_execute_path_to_fetches = False
-        self.terminate = False
+        super().__init__()
         self._config: dict[str, str] = {}
 
     def add_run_config_entry(self, key: str, value: str) -> None:

@@ -10,6 +10,7 @@ be valid; a bad value never reaches session creation (where it was a raw ``Value
 from __future__ import annotations
 
 import enum
+import functools
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -64,10 +65,11 @@ def member(kind: type[enum.IntEnum]) -> Callable[[Any], enum.IntEnum]:
 class Option:
     """A data descriptor storing ``convert(value)`` under its name in the instance's
     ``_values`` dict (the owner's one slot for them); a value ``convert`` refuses is a
-    ``TypeError`` naming the attribute, the value and what is expected."""
+    ``TypeError`` naming the attribute, the value and what is expected. ``default`` is what a
+    new :class:`TypedOptions` holds."""
 
-    def __init__(self, convert: Callable[[Any], Any]) -> None:
-        self.convert = convert
+    def __init__(self, convert: Callable[[Any], Any], default: Any) -> None:
+        self.convert, self.default = convert, default
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name, self.owner = name, owner.__name__
@@ -81,3 +83,21 @@ class Option:
         except (TypeError, ValueError, OverflowError) as exc:
             raise TypeError(f"{self.owner}.{self.name} = {value!r}: expected {exc}") from None
         obj._values[self.name] = converted
+
+
+class TypedOptions:
+    """A class of :class:`Option` attributes, each set to its default on creation."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self) -> None:
+        self._values: dict[str, Any] = {}
+        for option in _options(type(self)):
+            option.__set__(self, option.default)
+
+
+@functools.cache
+def _options(cls: type) -> tuple[Option, ...]:
+    """The :class:`Option` attributes of ``cls`` and its bases."""
+    return tuple(value for klass in reversed(cls.__mro__) for value in vars(klass).values()
+                 if isinstance(value, Option))

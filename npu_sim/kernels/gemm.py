@@ -209,6 +209,7 @@ def _native_row_product(inputs: Sequence[np.ndarray | None], attrs: Mapping[str,
     that launch, is below :data:`NATIVE_ROW_WORK` or has no native loop. Each part is the
     sgemv numpy's ``matmul`` runs for those outputs and the loop of the separate passes, so
     the same bits."""
+    # lazy, as activations above: bias_fused imports the activations module
     from .bias_fused import fused_bias_loop, native_form, native_loops
 
     a, b = inputs[0], inputs[1]
