@@ -133,6 +133,38 @@ def test_reuse_creates_anti_dependencies_the_replay_needs():
     assert all(matches(p, s) for s in range(30))
 
 
+def _ancestors(commands) -> dict[int, set[int]]:
+    """Command id -> every command it follows through its deps (commands come in order)."""
+    found: dict[int, set[int]] = {}
+    for c in commands:
+        found[c.cmd_id] = set().union(*({d} | found[d] for d in c.deps))
+    return found
+
+
+@settings(max_examples=40)
+@given(random_dags(max_nodes=14))
+def test_no_dependency_of_a_command_is_implied_by_another(m):
+    # Emission keeps the transitive reduction: a dependency another one already implies is
+    # dropped, whatever the data and arena-reuse dependencies were.
+    commands = unpack(compiled(m).program.commands)
+    ancestors = _ancestors(commands)
+    for c in commands:
+        for d in c.deps:
+            assert not any(d in ancestors[e] for e in c.deps if e != d), (c, d)
+
+
+def test_a_chain_reusing_its_memory_keeps_one_dependency_per_command():
+    # Each Neg's output takes the memory of a buffer two steps back: anti-dependencies on
+    # every earlier occupant, all implied by the step before.
+    n = 40
+    nodes = [helper.make_node("Neg", ["x" if k == 0 else f"t{k - 1}"],
+                              ["y" if k == n - 1 else f"t{k}"]) for k in range(n)]
+    cp = compiled(model(nodes, [("x", F, (64, 4))], [("y", F, (64, 4))]))
+    assert cp.report.anti_dependencies > n
+    commands = unpack(cp.program.commands)
+    assert [c.deps for c in commands] == [()] + [(k,) for k in range(n - 1)]
+
+
 def test_commands_respect_the_descriptor_dependency_limit():
     # One Sum reading 12 tensors, each produced by its own node: 12 deps need a Nop join.
     nodes = [helper.make_node("Neg", ["x"], [f"t{k}"]) for k in range(12)]

@@ -75,26 +75,31 @@ def launch_dependencies(
             need |= occupants(lowered.tensors[t].buffer)
         need &= ~(1 << step)
         anti += need.bit_count() - data
-        implied = 0
-        for d in _bits(need):
-            implied |= ancestors[d]
-        kept = tuple(_bits(need & ~implied))
+        kept, reach = _reduced(need, ancestors)
         deps.append(kept)
-        reach = 0
-        for d in kept:
-            reach |= ancestors[d] | (1 << d)
         ancestors.append(reach)
     return deps, anti
 
 
-def _bits(mask: int) -> list[int]:
-    """The positions of the set bits of ``mask``, ascending."""
-    found = []
-    while mask:
-        low = mask & -mask
-        found.append(low.bit_length() - 1)
-        mask ^= low
-    return found
+def _reduced(need: int, ancestors: list[int]) -> tuple[tuple[int, ...], int]:
+    """The launches of ``need`` that no other launch of it follows (ascending), and every
+    launch they follow or are (``ancestors[j]``: the launches launch ``j`` follows).
+
+    From the latest launch down: the latest is nobody's ancestor among earlier ones; it implies
+    its ancestors, which are dropped; the latest left is again nobody's ancestor, since an
+    ancestor of a dropped launch is an ancestor of the one that dropped it. So the loop runs
+    once per kept launch, not once per launch of ``need`` (a chain's output reuses the memory
+    of about half the buffers before it: hundreds of anti-dependencies, one kept)."""
+    kept: list[int] = []
+    reach = 0
+    while need:
+        d = need.bit_length() - 1
+        kept.append(d)
+        implied = ancestors[d] | (1 << d)
+        reach |= implied
+        need &= ~implied
+    kept.reverse()
+    return tuple(kept), reach
 
 
 _ROWS = 256
