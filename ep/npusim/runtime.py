@@ -45,7 +45,8 @@ class NpuRuntime:
         self.device = device if device is not None else Device(config, allocator=allocator)
         self.firmware = Firmware(self.device)
         self.lock = threading.RLock()
-        self._last: dict[str, Any] = {}
+        self.last_run: RunCounters | None = None
+        """The counters of the last run, summarized when asked (:meth:`last_run_stats`)."""
         self.last_span: tuple[int, int] = (0, 0)
         """Simulated cycles at the start and end of the last run."""
 
@@ -78,19 +79,40 @@ class NpuRuntime:
             results = loaded.run(inputs, functional=self.functional, outputs=outputs)
         except NpuSimError as exc:
             raise errors.EPFail(f"NpuSim: running {name!r} failed: {exc}") from None
-        span = self.device.now - start
         self.last_span = (start, self.device.now)
-        after = self.firmware.stats()
-        # hbm.* are gauges (bytes in use, fragmentation...): report them as they stand; the
-        # rest are counters: report what this run added.
-        delta = {k: v if k.startswith("hbm.") else v - before.get(k, 0) for k, v in after.items()
-                 if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        self._last = _summarize(self.config, name, span, delta)
+        self.last_run = RunCounters(self.config, name, self.device.now - start, before,
+                                    self.firmware.stats())
         return results
 
     def last_run_stats(self) -> dict[str, Any]:
         """Latency (cycles, microseconds), utilization per engine and counters of the last run."""
-        return dict(self._last)
+        return {} if self.last_run is None else self.last_run.summary()
+
+
+class RunCounters:
+    """One run's span and the device's counters before and after it, summarized
+    (:func:`_summarize`) when first asked: most runs are never asked about, and summarizing
+    every run cost a 100-op chain's run 5% of its time."""
+
+    __slots__ = ("_config", "_name", "_span", "_before", "_after", "_summary")
+
+    def __init__(self, config: DeviceConfig, name: str, span: int, before: dict[str, Any],
+                 after: dict[str, Any]) -> None:
+        self._config, self._name, self._span = config, name, span
+        self._before, self._after = before, after
+        self._summary: dict[str, Any] | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """The run's stats (a new dict each call)."""
+        if self._summary is None:
+            before = self._before
+            # hbm.* are gauges (bytes in use, fragmentation...): reported as they stand; the
+            # rest are counters: what this run added.
+            delta = {k: v if k.startswith("hbm.") else v - before.get(k, 0)
+                     for k, v in self._after.items()
+                     if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            self._summary = _summarize(self._config, self._name, self._span, delta)
+        return dict(self._summary)
 
 
 def run_energy(config: DeviceConfig, span: int, counters: dict[str, float]) -> dict[str, Any]:
@@ -175,7 +197,8 @@ class NpuSimCompiledNode(CompiledNode):
         self.name = name
         self.program = program
         self.runtime = runtime
-        self.last_stats: dict[str, Any] = {}
+        self.last_run: RunCounters | None = None
+        """The counters of this node's latest run (:attr:`last_stats` summarizes them)."""
         self.recording: Recording | None = None
         """While the session profiles: where each run's trace records go."""
         self._on_run = on_run
@@ -212,7 +235,7 @@ class NpuSimCompiledNode(CompiledNode):
         feeds = [inputs[p] for p in self._positions]
         with self.runtime.lock:
             outputs = self.runtime.run(self.name, self.loaded, feeds, wanted)
-            self.last_stats = self.runtime.last_run_stats()
+            self.last_run = self.runtime.last_run
             if self.recording is not None:
                 self.recording.add_run(self.name, self.runtime.device.trace.snapshot(),
                                        *self.runtime.last_span)
@@ -220,6 +243,11 @@ class NpuSimCompiledNode(CompiledNode):
             self._on_run(self.name)
         return [o if o is not None else np.zeros(t.shape, dtypes.to_numpy(t.dtype))
                 for o, t in zip(outputs, self.program.output_descs(), strict=True)]
+
+    @property
+    def last_stats(self) -> dict[str, Any]:
+        """The stats of this node's latest run ({} before the first)."""
+        return {} if self.last_run is None else self.last_run.summary()
 
     def instance(self) -> NpuSimCompiledNode:
         """The same program loaded again on the same device: a new arena for its activations,
