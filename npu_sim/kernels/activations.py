@@ -32,18 +32,17 @@ onnxruntime's CPU provider computes for Sigmoid and Tanh only, uses exp and a ve
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ml_dtypes
 import numpy as np
-from numba import carray, cfunc, njit
+from numba import carray, njit
 
 from ..errors import KernelError
 from .mlas import erf_loop32, gelu, gelu_tanh32, sigmoid32, tanh_loop32
-from .native import EPILOGUE
+from .native import EPILOGUE, compiled
 from .registry import kernel
 
 HALF_DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -172,15 +171,10 @@ def _bias_hard_sigmoid_rows(y, b, r, params, rows, columns):  # pragma: no cover
                       p[0], p[1], p[2] != 0)
 
 
-@functools.cache
-def _bias_hard_sigmoid_address() -> int:
-    return cfunc(EPILOGUE, cache=True)(_bias_hard_sigmoid_rows).address
-
-
 def native_bias_hard_sigmoid(alpha: float, beta: float, gate: bool) -> tuple[int, np.ndarray]:
     """:func:`bias_hard_sigmoid` as a :data:`.native.EPILOGUE` loop: its address (compiled, or
     loaded from numba's cache, on first use) and the parameters it reads."""
-    return _bias_hard_sigmoid_address(), np.array([alpha, beta, gate], np.float64)
+    return compiled(EPILOGUE, _bias_hard_sigmoid_rows), np.array([alpha, beta, gate], np.float64)
 
 
 _SIXTH, _HALF32 = np.float32(1 / 6), np.float32(0.5)

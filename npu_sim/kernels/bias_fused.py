@@ -16,18 +16,17 @@ residual and a Relu in one loop too (:func:`bias_residual`).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from numba import carray, cfunc, njit
+from numba import carray, njit
 
 from ..epilogue import decode
 from . import activations, mlas
 from .activations import bias_hard_sigmoid, full_params
 from .mlas import bias_sigmoid
-from .native import EPILOGUE
+from .native import EPILOGUE, compiled
 
 FusedLoop = Callable[[np.ndarray, np.ndarray], bool]
 
@@ -80,15 +79,16 @@ def _bias_residual_relu_rows(y, b, r, params, rows, columns):  # pragma: no cove
                    carray(r, (1, rows, columns), np.float32), True)
 
 
-@functools.cache
+_NATIVE_LOOPS = {"bias": _bias_rows, "bias_relu": _bias_relu_rows,
+                 "bias_residual": _bias_residual_rows,
+                 "bias_residual_relu": _bias_residual_relu_rows}
+
+
 def native_loops() -> dict[str, int]:
-    """The addresses of this module's loops as :data:`.native.EPILOGUE` functions (compiled,
-    or loaded from numba's cache, on first use): ``bias``, ``bias_relu``, ``bias_residual``,
+    """The addresses of this module's loops as :data:`.native.EPILOGUE` functions
+    (:func:`.native.compiled`): ``bias``, ``bias_relu``, ``bias_residual``,
     ``bias_residual_relu``."""
-    loops = {"bias": _bias_rows, "bias_relu": _bias_relu_rows,
-             "bias_residual": _bias_residual_rows,
-             "bias_residual_relu": _bias_residual_relu_rows}
-    return {name: cfunc(EPILOGUE, cache=True)(loop).address for name, loop in loops.items()}
+    return {name: compiled(EPILOGUE, loop) for name, loop in _NATIVE_LOOPS.items()}
 
 
 def bias_residual(y: np.ndarray, bias: np.ndarray, residual: np.ndarray, relu: bool) -> bool:

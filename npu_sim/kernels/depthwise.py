@@ -36,14 +36,21 @@ same bits as before: no fastmath.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
-from numba import carray, cfunc, njit
+from numba import carray, njit
 
 from . import blas, taps
-from .native import PART, address, address_of, epilogue
+from .native import (
+    PART,
+    address,
+    address_of,
+    compiled,
+    contiguous_float32,
+    epilogue,
+    optional_address,
+)
 
 #: Depthwise convolutions of at least this many MACs run on the kernels' threads (smaller
 #: ones measured slower split than whole on a busy 2-core machine: 240 channels of 14x14, 5x5).
@@ -288,11 +295,10 @@ def _channels_last_part(record, part):  # pragma: no cover - numba
                  h[_PARAMS], mk, od * oh * ow)
 
 
-@functools.cache
 def channels_last_part() -> int:
-    """The address of a channels-last depthwise convolution's :data:`.native.PART` (compiled,
-    or loaded from numba's cache, on first use); its record is :func:`channels_last_record`'s."""
-    return cfunc(PART, cache=True)(_channels_last_part).address
+    """The address of a channels-last depthwise convolution's :data:`.native.PART`
+    (:func:`.native.compiled`); its record is :func:`channels_last_record`'s."""
+    return compiled(PART, _channels_last_part)
 
 
 def channels_last_record(x5: np.ndarray, w4: np.ndarray, window: np.ndarray, y: np.ndarray,
@@ -304,7 +310,7 @@ def channels_last_record(x5: np.ndarray, w4: np.ndarray, window: np.ndarray, y: 
     dilations and leading pads (9 int64), output ``y`` (N, M, OD, OH, OW), the ``bias``, the
     address of the :data:`.native.EPILOGUE` ``loop`` and the ``params`` it reads, the parts'
     channel ``edges``. None when an array is not C-contiguous float32 (the window int64)."""
-    if any(a.dtype != np.float32 or not a.flags.c_contiguous for a in (x5, w4, y, bias)) or \
+    if not contiguous_float32(x5, w4, y, bias) or \
             window.dtype != np.int64 or window.shape != (9,) or x5.shape[1] != w4.shape[0] or \
             y.shape[:2] != x5.shape[:2] or bias.shape != (w4.shape[0],):
         return None
@@ -315,6 +321,6 @@ def channels_last_record(x5: np.ndarray, w4: np.ndarray, window: np.ndarray, y: 
     buffers = [np.empty(floats, np.float32) for _ in edges[1:]]
     head = np.array([address_of(x5), n, m, *x5.shape[2:], address_of(w4), *w4.shape[1:],
                      address_of(window), address_of(y), *y.shape[2:], loop, address_of(bias),
-                     0 if params is None else address_of(params), len(edges) - 1], np.int64)
+                     optional_address(params), len(edges) - 1], np.int64)
     return np.concatenate([head, np.asarray(edges, np.int64),
                            np.array([address_of(b) for b in buffers], np.int64)]), buffers

@@ -35,16 +35,15 @@ float64 is not here: onnxruntime computes it with Eigen (``.activations``).
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, cfunc, njit, types
+from numba import carray, njit, types
 from numba.extending import intrinsic
 
 from .host import MLAS_AVX512F
-from .native import EPILOGUE
+from .native import EPILOGUE, compiled
 
 # MlasLogisticConstants.
 _LOWER, _UPPER = np.float32(-18.0), np.float32(18.0)
@@ -241,16 +240,11 @@ def _bias_sigmoid_rows(y, b, r, params, rows, columns):  # pragma: no cover - nu
                    p[0] != 0, p[1] != 0)
 
 
-@functools.cache
-def _bias_sigmoid_address() -> int:
-    return cfunc(EPILOGUE, cache=True)(_bias_sigmoid_rows).address
-
-
 def native_bias_sigmoid(gate: bool) -> tuple[int, np.ndarray]:
     """:func:`bias_sigmoid` as a :data:`.native.EPILOGUE` loop: its address (compiled, or
     loaded from numba's cache, on first use) and the parameters it reads (the gate, and this
     host's MLAS branch)."""
-    return _bias_sigmoid_address(), np.array([gate, MLAS_AVX512F], np.float64)
+    return compiled(EPILOGUE, _bias_sigmoid_rows), np.array([gate, MLAS_AVX512F], np.float64)
 
 
 def gelu(x: np.ndarray, out: np.ndarray) -> None:

@@ -70,6 +70,29 @@ def sgemv_address() -> int | None:
     return _blas_address("sgemv")
 
 
+@functools.cache
+def compiled(signature: types.Signature, function: object) -> int:
+    """The address of ``function`` compiled as a numba ``cfunc`` of ``signature`` (a
+    :data:`PART` or an :data:`EPILOGUE`), compiled or loaded from numba's cache on first use."""
+    return cfunc(signature, cache=True)(function).address
+
+
+def address_of(a: np.ndarray) -> int:
+    """The address of ``a``'s first element."""
+    return a.__array_interface__["data"][0]
+
+
+def optional_address(a: np.ndarray | None) -> int:
+    """``a``'s address, or 0 (a null pointer) for no array."""
+    return 0 if a is None else address_of(a)
+
+
+def contiguous_float32(*arrays: np.ndarray) -> bool:
+    """Whether every array is C-contiguous float32, as a part reads them through their
+    addresses."""
+    return all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
+
+
 def _pointer(builder: ir.IRBuilder, address: ir.Value) -> ir.Value:
     return builder.inttoptr(address, ir.IntType(8).as_pointer())
 
@@ -171,16 +194,10 @@ def _pointwise_part(record, part):  # pragma: no cover - numba
         epilogue(head[_EPILOGUE], y, head[_BIAS] + lo * 4, residual, head[_PARAMS], rows, p)
 
 
-@functools.cache
 def pointwise_part() -> int:
-    """The address of the 1x1 convolution's :data:`PART` (compiled, or loaded from numba's
-    cache, on first use); its record is :func:`pointwise_record`'s."""
-    return cfunc(PART, cache=True)(_pointwise_part).address
-
-
-def address_of(a: np.ndarray) -> int:
-    """The address of ``a``'s first element."""
-    return a.__array_interface__["data"][0]
+    """The address of the 1x1 convolution's :data:`PART` (:func:`compiled`); its record is
+    :func:`pointwise_record`'s."""
+    return compiled(PART, _pointwise_part)
 
 
 def pointwise_record(weights: np.ndarray, scaled: tuple[np.ndarray, np.ndarray] | None,
@@ -203,7 +220,7 @@ def pointwise_record(weights: np.ndarray, scaled: tuple[np.ndarray, np.ndarray] 
     arrays = [weights, y, bias, *columns, *(scaled or ()), *([] if residual is None else
                                                                [residual])]
     if sgemm is None or p < 2 or y.shape[1] != m or len(columns) != n or \
-            any(a.dtype != np.float32 or not a.flags.c_contiguous for a in arrays) or \
+            not contiguous_float32(*arrays) or \
             any(c.shape != (k, p) for c in columns) or bias.shape != (m,) or \
             (residual is not None and residual.shape != y.shape) or \
             (scaled is not None and (scaled[0].shape != (m, k) or scaled[1].size != k)):
@@ -216,8 +233,7 @@ def pointwise_record(weights: np.ndarray, scaled: tuple[np.ndarray, np.ndarray] 
         head[_SOURCE], head[_SCALE] = address_of(scaled[0]), address_of(scaled[1])
     if residual is not None:
         head[_RESIDUAL] = address_of(residual)
-    if params is not None:
-        head[_PARAMS] = address_of(params)
+    head[_PARAMS] = optional_address(params)
     return np.concatenate([head, np.asarray(edges, np.int64),
                            np.array([address_of(c) for c in columns], np.int64)])
 
@@ -240,11 +256,10 @@ def _gemv_part(record, part):  # pragma: no cover - numba
     epilogue(head[_LOOP], y, head[_BIASV] + lo * 4, 0, head[_PARAMSV], hi - lo, 1)
 
 
-@functools.cache
 def gemv_part() -> int:
-    """The address of the row-vector product's :data:`PART` (compiled, or loaded from numba's
-    cache, on first use); its record is :func:`gemv_record`'s."""
-    return cfunc(PART, cache=True)(_gemv_part).address
+    """The address of the row-vector product's :data:`PART` (:func:`compiled`); its record is
+    :func:`gemv_record`'s."""
+    return compiled(PART, _gemv_part)
 
 
 def gemv_record(a: np.ndarray, x: np.ndarray, y: np.ndarray, bias: np.ndarray, loop: int,
@@ -255,11 +270,10 @@ def gemv_record(a: np.ndarray, x: np.ndarray, y: np.ndarray, bias: np.ndarray, l
     float32 (the caller keeps them alive while the record is used)."""
     sgemv = sgemv_address()
     n, k = a.shape
-    if sgemv is None or any(v.dtype != np.float32 or not v.flags.c_contiguous
-                            for v in (a, x, y, bias)) or \
+    if sgemv is None or not contiguous_float32(a, x, y, bias) or \
             x.size != k or y.size != n or bias.size != n:
         return None
     head = np.array([sgemv, address_of(a), address_of(x), address_of(y), k, address_of(bias),
-                     loop, 0 if params is None else address_of(params), len(edges) - 1],
+                     loop, optional_address(params), len(edges) - 1],
                     np.int64)
     return np.concatenate([head, np.asarray(edges, np.int64)])

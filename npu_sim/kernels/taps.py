@@ -30,9 +30,17 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import carray, cfunc, njit
+from numba import carray, njit
 
-from .native import PART, address, address_of, epilogue
+from .native import (
+    PART,
+    address,
+    address_of,
+    compiled,
+    contiguous_float32,
+    epilogue,
+    optional_address,
+)
 
 #: Square kernel sizes with an unrolled tap loop.
 SIZES = (3, 5)
@@ -303,11 +311,10 @@ def _depthwise_part(record, part):  # pragma: no cover - numba
                  h[_PARAMS], hi - lo, oh * ow)
 
 
-@functools.cache
 def depthwise_part() -> int:
-    """The address of a depthwise convolution's :data:`.native.PART` (compiled, or loaded from
-    numba's cache, on first use); its record is :func:`depthwise_record`'s."""
-    return cfunc(PART, cache=True)(_depthwise_part).address
+    """The address of a depthwise convolution's :data:`.native.PART`
+    (:func:`.native.compiled`); its record is :func:`depthwise_record`'s."""
+    return compiled(PART, _depthwise_part)
 
 
 def depthwise_record(args: tuple, bias: np.ndarray, loop: int, params: np.ndarray | None,
@@ -319,12 +326,12 @@ def depthwise_record(args: tuple, bias: np.ndarray, loop: int, params: np.ndarra
     C-contiguous float32 (the offsets int64). The caller keeps them alive while the record is
     used."""
     x, w, s, pt, pl, rows, pitch, o, out = args
-    if any(a.dtype != np.float32 or not a.flags.c_contiguous for a in (x, w, out, bias)) or \
+    if not contiguous_float32(x, w, out, bias) or \
             o.dtype != np.int64 or not o.flags.c_contiguous or bias.shape != (w.shape[0],):
         return None
     head = np.array([address_of(x), *x.shape, address_of(w), *w.shape, s, pt, pl, rows, pitch,
                      address_of(o), address_of(out), *out.shape[2:], loop, address_of(bias),
-                     0 if params is None else address_of(params), len(edges) - 1], np.int64)
+                     optional_address(params), len(edges) - 1], np.int64)
     return np.concatenate([head, np.asarray(edges, np.int64)])
 
 
@@ -354,11 +361,10 @@ def _direct_part(record, part):  # pragma: no cover - numba
         epilogue(h[_DEPILOGUE], y, h[_DBIAS] + lo * 4, 0, h[_DPARAMS], hi - lo, oh * ow)
 
 
-@functools.cache
 def direct_part() -> int:
-    """The address of a direct convolution's :data:`.native.PART` (compiled, or loaded from
-    numba's cache, on first use); its record is :func:`direct_record`'s."""
-    return cfunc(PART, cache=True)(_direct_part).address
+    """The address of a direct convolution's :data:`.native.PART` (:func:`.native.compiled`);
+    its record is :func:`direct_record`'s."""
+    return compiled(PART, _direct_part)
 
 
 def direct_record(images: int, flat_size: int, size: int, pitch: int, o: np.ndarray,
@@ -370,12 +376,12 @@ def direct_record(images: int, flat_size: int, size: int, pitch: int, o: np.ndar
     offsets ``o``; weights ``w`` (M, C, K*K); output ``out`` (N, M, OH, OW); the ``bias``, the
     address of the :data:`.native.EPILOGUE` ``loop`` and the ``params`` it reads; the parts'
     channel ``edges``. None when an array is not C-contiguous float32 (the offsets int64)."""
-    if any(a.dtype != np.float32 or not a.flags.c_contiguous for a in (w, out, bias)) or \
+    if not contiguous_float32(w, out, bias) or \
             o.dtype != np.int64 or not o.flags.c_contiguous or bias.shape != (w.shape[0],) or \
             w.ndim != 3 or out.ndim != 4 or out.shape[:2] != (images, w.shape[0]):
         return None
     head = np.array([flat_size, images, w.shape[1], size, pitch, o.size, address_of(o),
                      address_of(w), w.shape[0], address_of(out), *out.shape[2:], loop,
-                     address_of(bias), 0 if params is None else address_of(params),
+                     address_of(bias), optional_address(params),
                      len(edges) - 1], np.int64)
     return np.concatenate([head, np.asarray(edges, np.int64), np.zeros(images, np.int64)])
