@@ -35,7 +35,6 @@ view, whose epilogue loops do not vectorise.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -253,33 +252,8 @@ def _native_pointwise(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, A
                                      edges)
     if record is None:
         return None
-    return _native_launch(record, native.pointwise_part(), len(edges) - 1,
-                          (weights, scaled, params, columns, residual, y, b), blas_call=True)
-
-
-def _native_launch(record: np.ndarray, part: int, parts: int, arrays: tuple, *,
-                   finite: np.ndarray | None = None,
-                   before: Callable[[], object] | None = None,
-                   blas_call: bool = False) -> Callable[[], bool]:
-    """A launch of ``parts`` native parts at address ``part`` reading ``record``, which holds
-    the addresses of ``arrays`` (kept alive with the launch, as the record is). Each run first
-    returns False (nothing written) when ``finite`` holds a non-finite value (the tap loops
-    multiply padding by the weights: ``inf * 0`` is NaN), then calls ``before`` (its result
-    kept until the parts have run), then splits; ``blas_call``: the parts call BLAS, which
-    runs one thread per part."""
-    data = record.ctypes.data
-
-    def run() -> bool:
-        if finite is not None and not np.isfinite(finite).all():
-            return False
-        made = before() if before is not None else None
-        with blas.single_thread() if blas_call else contextlib.nullcontext():
-            cores.split_native(parts, part, data)
-        del made
-        return True
-
-    run.arrays = (record, *arrays)  # type: ignore[attr-defined]
-    return run
+    return native.launch(record, native.pointwise_part(), len(edges) - 1,
+                         (weights, scaled, params, columns, residual, y, b), blas_call=True)
 
 
 def _native_epilogue(fused: FusedLoop | None, tail: Tail | None
@@ -333,8 +307,8 @@ def _native_depthwise(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarra
     record = taps.depthwise_record(args, b, loop, params, edges)
     if record is None:
         return None
-    return _native_launch(record, taps.depthwise_part(), len(edges) - 1, (args, b, params),
-                          finite=w)
+    return native.launch(record, taps.depthwise_part(), len(edges) - 1, (args, b, params),
+                         finite=w)
 
 
 def _native_direct(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarray,
@@ -373,8 +347,8 @@ def _native_direct(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarray,
         record[-n:] = [f.ctypes.data for f in flats]
         return flats
 
-    return _native_launch(record, taps.direct_part(), len(edges) - 1, (wk, o, into, b, params),
-                          finite=w, before=phases)
+    return native.launch(record, taps.direct_part(), len(edges) - 1, (wk, o, into, b, params),
+                         finite=w, before=phases)
 
 
 def _native_channels_last(x5: np.ndarray, w5: np.ndarray, window: np.ndarray, y: np.ndarray,
@@ -390,8 +364,8 @@ def _native_channels_last(x5: np.ndarray, w5: np.ndarray, window: np.ndarray, y:
     if made is None:
         return None
     record, buffers = made
-    return _native_launch(record, channels_last_part(), len(edges) - 1,
-                          (buffers, x5, w4, window, y, b, params))
+    return native.launch(record, channels_last_part(), len(edges) - 1,
+                         (buffers, x5, w4, window, y, b, params))
 
 
 def _pointwise(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..epilogue import Step, decode
 from ..errors import KernelError
-from . import blas, cores, native
+from . import blas, native
 from .registry import kernel
 
 #: Float dtypes the compute kernels take; all are computed in float32.
@@ -230,14 +230,14 @@ def _native_row_product(inputs: Sequence[np.ndarray | None], attrs: Mapping[str,
     record = native.gemv_record(b, a, into, c, loop, params, edges)
     if record is None:
         return None
-    part, parts, data = native.gemv_part(), len(edges) - 1, record.ctypes.data
+    split = native.launch(record, native.gemv_part(), len(edges) - 1, (a, b, c, into, params),
+                          blas_call=True)
 
     def run() -> list[np.ndarray]:
-        with blas.single_thread():
-            cores.split_native(parts, part, data)
+        split()
         return [into]
 
-    run.arrays = (record, a, b, c, into, params)  # type: ignore[attr-defined] # in the record
+    run.arrays = split.arrays  # type: ignore[attr-defined]
     return run
 
 

@@ -18,9 +18,10 @@ on the operands ``matmul`` would pass gets ``matmul``'s bits (``tests/kernels/te
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ from llvmlite import ir
 from numba import carray, cfunc, types
 from numba.extending import intrinsic
 
-from . import blas
+from . import blas, cores
 
 PART = types.void(types.voidptr, types.int64)
 """A native part: ``void f(void *record, int64 part)`` (:func:`.cores.split_native`)."""
@@ -91,6 +92,31 @@ def contiguous_float32(*arrays: np.ndarray) -> bool:
     """Whether every array is C-contiguous float32, as a part reads them through their
     addresses."""
     return all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
+
+
+def launch(record: np.ndarray, part: int, parts: int, arrays: tuple, *,
+           finite: np.ndarray | None = None, before: Callable[[], object] | None = None,
+           blas_call: bool = False) -> Callable[[], bool]:
+    """A launch of ``parts`` native parts at address ``part`` reading ``record``, which holds
+    the addresses of ``arrays`` (kept alive with the launch, as the record is: its
+    ``arrays``). Each run first returns False (nothing written) when ``finite`` holds a
+    non-finite value (the tap loops multiply padding by the weights: ``inf * 0`` is NaN), then
+    calls ``before`` (its result kept until the parts have run), then splits
+    (:func:`.cores.split_native`); ``blas_call``: the parts call BLAS, which runs one thread
+    per part."""
+    data = record.ctypes.data
+
+    def run() -> bool:
+        if finite is not None and not np.isfinite(finite).all():
+            return False
+        made = before() if before is not None else None
+        with blas.single_thread() if blas_call else contextlib.nullcontext():
+            cores.split_native(parts, part, data)
+        del made
+        return True
+
+    run.arrays = (record, *arrays)  # type: ignore[attr-defined]
+    return run
 
 
 def _pointer(builder: ir.IRBuilder, address: ir.Value) -> ir.Value:
