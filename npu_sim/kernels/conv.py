@@ -467,7 +467,7 @@ def direct_steps(x: np.ndarray, w: np.ndarray, win: Window
                            taps.rounded(span))
 
     def channels(flat: np.ndarray, lo: int, hi: int, out: np.ndarray) -> None:
-        taps.direct(flat, size, pitch, o, wk[lo:hi], out)
+        taps.direct(flat, size, pitch, o, wk[lo:hi], out, 0, out.shape[1])
 
     return phases, channels
 

@@ -18,7 +18,8 @@ there, 1x1 convolutions run whole.
 When its epilogue has a native loop (:func:`_native_epilogue`), each part is native code run
 without the GIL (:func:`.cores.split_native`, :mod:`.native`): a 1x1 convolution's rows
 (:func:`_native_pointwise`), a depthwise one's channels on phase-split planes or channels-last
-(:func:`_native_depthwise`), an image stem's channels (:func:`_native_direct`). Such a split
+(:func:`_native_depthwise`), an image stem's bands of output rows, each reading its own rows
+of the image (:func:`_native_direct`). Such a split
 costs a post, so it starts at smaller launches (:data:`NATIVE_WORK`,
 :data:`NATIVE_DEPTHWISE_WORK`). Otherwise the parts are Python, and whether they run over the
 cores or one after another on the caller is timed in the launch's first runs
@@ -314,14 +315,16 @@ def _native_depthwise(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarra
 def _native_direct(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarray,
                    b: np.ndarray | None, fused: FusedLoop | None,
                    tail: Tail | None) -> Callable[[], bool] | None:
-    """An image stem (:func:`.conv.direct_fits`) split by output channels into native parts
+    """An image stem (:func:`.conv.direct_fits`) split by output rows into native parts
     (:func:`.taps.direct_part`), or None when it does not split that way: float32, a bias, at
-    least :data:`NATIVE_WORK` and an epilogue with a native loop (no residual). Each run splits
-    every image into its phases on the caller (:func:`.taps.phases`), then each part runs
-    :func:`.taps.direct` on its channels (starting at multiples of :data:`DIRECT_ALIGN`, the
-    channels it sums together) and the loop on them, as :func:`_direct` and the fused loop
-    do: the same bits. It returns False (nothing written) for non-finite weights."""
-    m = w.shape[0]
+    least :data:`NATIVE_WORK`, two output rows and an epilogue with a native loop (no
+    residual). Each part splits the input rows its band reads into phases of its own, runs
+    :func:`.taps.direct` on them for every channel and the loop on its rows, as :func:`_direct`
+    and the fused loop do: the same bits. By rows, not by channels: the image is a fresh input,
+    and its phases were one core's cold pass over all of it (MobileNet-V3's stem in a run:
+    phases 87 us, then the channel parts 100). It returns False (nothing written) for
+    non-finite weights."""
+    m, oh = w.shape[0], into.shape[2]
     if b is None or x.dtype != np.float32 or \
             into.size * (w[0].size + EPILOGUE_WEIGHT) < NATIVE_WORK:
         return None
@@ -329,26 +332,18 @@ def _native_direct(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarray,
     if after is None or after[2] is not None:
         return None
     loop, params, _ = after
-    k, s = win.kernel[0], win.strides[0]
-    rows, pitch, span = taps.geometry(k, s, *win.out)
-    o = taps.offsets(k, s, rows, pitch)
-    wk = np.ascontiguousarray(w.reshape(m, x.shape[1], k * k))
-    size, span = s * s * rows * pitch, taps.rounded(span)
-    n, pt, pl = x.shape[0], win.pads_begin[0], win.pads_begin[1]
-    edges = blas.edges(m, 0, DIRECT_ALIGN)
+    edges = blas.edges(oh, 0)
     if len(edges) < 3:
         return None
-    record = taps.direct_record(n, x.shape[1] * size + span, size, pitch, o, wk, into, b, loop,
-                                params, edges)
-    if record is None:
+    k = win.kernel[0]
+    wk = np.ascontiguousarray(w.reshape(m, x.shape[1], k * k))
+    made = taps.direct_record(x, k, win.strides[0], win.pads_begin[:2], wk, into, b, loop,
+                              params, edges)
+    if made is None:
         return None
-    def phases() -> list[np.ndarray]:
-        flats = [taps.phases(x[i], s, pt, pl, rows, pitch, span) for i in range(n)]
-        record[-n:] = [f.ctypes.data for f in flats]
-        return flats
-
-    return native.launch(record, taps.direct_part(), len(edges) - 1, (wk, o, into, b, params),
-                         finite=w, before=phases)
+    record, buffers = made
+    return native.launch(record, taps.direct_part(), len(edges) - 1,
+                         (x, wk, into, b, params, *buffers), finite=w)
 
 
 def _native_channels_last(x5: np.ndarray, w5: np.ndarray, window: np.ndarray, y: np.ndarray,

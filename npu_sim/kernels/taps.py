@@ -254,12 +254,13 @@ def phases(image, s, pt, pl, rows, pitch, span):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def direct(flat, size, pitch, o, w, out):  # pragma: no cover - compiled
-    """``out`` (M, OH, OW), one image's convolution (group 1) from its phases ``flat``
-    (:func:`phases`, ``size`` per input channel) with ``w`` (M, C, K*K), K 3 or 5: each output
-    element sums its taps from 0.0 in (channel, j, l) order, the im2col row order. A 3x3
-    kernel's output channels go four at a time (:func:`acc3x4`)."""
-    m_, oh, ow = out.shape[0], out.shape[1], out.shape[2]
+def direct(flat, size, pitch, o, w, out, r0, oh):  # pragma: no cover - compiled
+    """Rows ``r0 .. r0 + oh`` of ``out`` (M, OH, OW), one image's convolution (group 1), from
+    the phases ``flat`` of the input rows those output rows read (:func:`phases` of the whole
+    image for all of them, ``size`` per input channel) with ``w`` (M, C, K*K), K 3 or 5: each
+    output element sums its taps from 0.0 in (channel, j, l) order, the im2col row order. A
+    3x3 kernel's output channels go four at a time (:func:`acc3x4`)."""
+    m_, ow = out.shape[0], out.shape[2]
     run = np.empty((4, rounded((oh - 1) * pitch + ow)), out.dtype)
     k2 = w.shape[2]
     step = 4 if k2 == 9 else 1
@@ -278,7 +279,7 @@ def direct(flat, size, pitch, o, w, out):  # pragma: no cover - compiled
                     acc5(src, o, w[m, c], run[m - m0])
         for m in range(m0, m1):
             for b in range(oh):
-                dst = out[m, b]
+                dst = out[m, r0 + b]
                 row = run[m - m0, b * pitch:]
                 for e in range(ow):
                     dst[e] = row[e]
@@ -335,30 +336,41 @@ def depthwise_record(args: tuple, bias: np.ndarray, loop: int, params: np.ndarra
     return np.concatenate([head, np.asarray(edges, np.int64)])
 
 
-#: The record of :func:`_direct_part` (int64 slots), then its ``parts + 1`` channel edges,
-#: then each image's phases (their addresses, written before every split: :func:`phases`
-#: makes them anew).
-(_FLAT_SIZE, _DN, _DC, _DSIZE, _DPITCH, _DTAPS, _DOFFSETS, _DWEIGHTS, _DM, _DOUT, _DOH, _DOW,
- _DEPILOGUE, _DBIAS, _DPARAMS, _DPARTS) = range(16)
-_DHEAD = 16
+#: The record of :func:`_direct_part` (int64 slots), then its ``parts + 1`` row edges and the
+#: address of each part's phases buffer.
+(_DX, _DN, _DC, _DH, _DW, _DS, _DPT, _DPL, _DROWS, _DPITCH, _DSIZE, _DTAPS, _DOFFSETS, _DWEIGHTS,
+ _DM, _DOUT, _DOH, _DOW, _DEPILOGUE, _DBIAS, _DPARAMS, _DPARTS) = range(22)
+_DHEAD = 22
 
 
 def _direct_part(record, part):  # pragma: no cover - numba
-    """Output channels ``edges[part]:edges[part + 1]`` of a direct convolution (an image
-    stem), image by image, from the image's phases: :func:`direct` on those channels, then the
-    epilogue loop on them."""
+    """Output rows ``edges[part]:edges[part + 1]`` of a direct convolution (an image stem), all
+    channels, image by image: the input rows they read split into the part's own phases buffer
+    (:func:`split`; its padding zeroed once, when the record was made), :func:`direct` on them,
+    then the epilogue loop on each channel's rows. Each part reads only its band of the input,
+    so the two cores fetch the image (a fresh input, not in cache) side by side."""
     h = carray(record, (_DHEAD,), np.int64)
-    n, parts, m, oh, ow, k2 = h[_DN], h[_DPARTS], h[_DM], h[_DOH], h[_DOW], h[_DTAPS]
-    tail = carray(record, (_DHEAD + parts + 1 + n,), np.int64)
-    lo, hi = tail[_DHEAD + part], tail[_DHEAD + part + 1]
+    parts = h[_DPARTS]
+    tail = carray(record, (_DHEAD + 2 * parts + 1,), np.int64)
+    r0, r1 = tail[_DHEAD + part], tail[_DHEAD + part + 1]
+    n, c, m, oh, ow, k2 = h[_DN], h[_DC], h[_DM], h[_DOH], h[_DOW], h[_DTAPS]
+    s, size, rows, pitch = h[_DS], h[_DSIZE], h[_DROWS], h[_DPITCH]
+    x = carray(address(h[_DX]), (n, c, h[_DH], h[_DW]), np.float32)
     o = carray(address(h[_DOFFSETS]), (k2,), np.int64)
-    w = carray(address(h[_DWEIGHTS]), (m, h[_DC], k2), np.float32)
+    w = carray(address(h[_DWEIGHTS]), (m, c, k2), np.float32)
+    out = carray(address(h[_DOUT]), (n, m, oh, ow), np.float32)
+    flat = carray(address(tail[_DHEAD + parts + 1 + part]),
+                  (c * size + rounded((r1 - r0 - 1) * pitch + ow),), np.float32)
+    k = 3 if k2 == 9 else 5
+    top = s * r0 - h[_DPT]  # the input row at the band's first padded row
+    start, end = max(top, 0), min(h[_DH], s * (r1 - 1) - h[_DPT] + k)
     for i in range(n):
-        flat = carray(address(tail[_DHEAD + parts + 1 + i]), (h[_FLAT_SIZE],), np.float32)
-        y = h[_DOUT] + (i * m + lo) * oh * ow * 4
-        direct(flat, h[_DSIZE], h[_DPITCH], o, w[lo:hi],
-               carray(address(y), (hi - lo, oh, ow), np.float32))
-        epilogue(h[_DEPILOGUE], y, h[_DBIAS] + lo * 4, 0, h[_DPARAMS], hi - lo, oh * ow)
+        for ch in range(c):
+            split(x[i, ch, start:end], s, start - top, h[_DPL], rows, pitch, flat[ch * size:])
+        direct(flat, size, pitch, o, w, out[i], r0, r1 - r0)
+        for mm in range(m):
+            epilogue(h[_DEPILOGUE], h[_DOUT] + ((i * m + mm) * oh + r0) * ow * 4,
+                     h[_DBIAS] + mm * 4, 0, h[_DPARAMS], 1, (r1 - r0) * ow)
 
 
 def direct_part() -> int:
@@ -367,21 +379,28 @@ def direct_part() -> int:
     return compiled(PART, _direct_part)
 
 
-def direct_record(images: int, flat_size: int, size: int, pitch: int, o: np.ndarray,
-                  w: np.ndarray, out: np.ndarray, bias: np.ndarray, loop: int,
-                  params: np.ndarray | None, edges: list[int]) -> np.ndarray | None:
-    """The record of a direct convolution's native parts: ``images`` images whose phases are
-    ``flat_size`` floats each (:func:`phases`; their addresses go in the record's last
-    ``images`` slots before each split), ``size`` per input channel, rows ``pitch`` apart; tap
-    offsets ``o``; weights ``w`` (M, C, K*K); output ``out`` (N, M, OH, OW); the ``bias``, the
-    address of the :data:`.native.EPILOGUE` ``loop`` and the ``params`` it reads; the parts'
-    channel ``edges``. None when an array is not C-contiguous float32 (the offsets int64)."""
-    if not contiguous_float32(w, out, bias) or \
-            o.dtype != np.int64 or not o.flags.c_contiguous or bias.shape != (w.shape[0],) or \
-            w.ndim != 3 or out.ndim != 4 or out.shape[:2] != (images, w.shape[0]):
+def direct_record(x: np.ndarray, k: int, s: int, pads: tuple[int, int], w: np.ndarray,
+                  out: np.ndarray, bias: np.ndarray, loop: int, params: np.ndarray | None,
+                  edges: list[int]) -> tuple[np.ndarray, list[np.ndarray]] | None:
+    """The record of a direct convolution's native parts and their phases buffers: input ``x``
+    (N, C, H, W), a ``k`` x ``k`` kernel at stride ``s`` with leading ``pads`` (top, left);
+    weights ``w`` (M, C, K*K); output ``out`` (N, M, OH, OW); the ``bias``, the address of the
+    :data:`.native.EPILOGUE` ``loop`` and the ``params`` it reads; the parts' output row
+    ``edges``. Every band's phases have the geometry of the tallest (:func:`geometry`), so one
+    table of tap offsets serves them all. None when an array is not C-contiguous float32."""
+    if not contiguous_float32(x, w, out, bias) or bias.shape != (w.shape[0],) or \
+            w.ndim != 3 or x.ndim != 4 or out.ndim != 4 or \
+            out.shape[:2] != (x.shape[0], w.shape[0]) or w.shape[1] != x.shape[1]:
         return None
-    head = np.array([flat_size, images, w.shape[1], size, pitch, o.size, address_of(o),
-                     address_of(w), w.shape[0], address_of(out), *out.shape[2:], loop,
-                     address_of(bias), optional_address(params),
+    tallest = max(b - a for a, b in zip(edges, edges[1:], strict=False))
+    rows, pitch, span = geometry(k, s, tallest, out.shape[3])
+    size = s * s * rows * pitch
+    o = offsets(k, s, rows, pitch)
+    # zeroed once: split writes the pixels only, and a band's padding is the same every run
+    buffers = [np.zeros(x.shape[1] * size + rounded(span), np.float32) for _ in edges[1:]]
+    head = np.array([address_of(x), *x.shape, s, *pads, rows, pitch, size, o.size,
+                     address_of(o), address_of(w), w.shape[0], address_of(out),
+                     *out.shape[2:], loop, address_of(bias), optional_address(params),
                      len(edges) - 1], np.int64)
-    return np.concatenate([head, np.asarray(edges, np.int64), np.zeros(images, np.int64)])
+    return np.concatenate([head, np.asarray(edges, np.int64),
+                           np.array([address_of(b) for b in buffers], np.int64)]), [o, *buffers]

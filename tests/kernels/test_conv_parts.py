@@ -161,6 +161,31 @@ def test_a_split_image_stem_gives_the_bits_of_the_whole_launch(n, c, m, k, s, si
     assert_split_equals_whole(x, w, b, attrs, (n, m, out, out), planned=m > conv_parts.DIRECT_ALIGN)
 
 
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 3), c=st.integers(1, 4), m=st.integers(1, 12), k=st.sampled_from([3, 5]),
+       s=st.integers(1, 3), h=st.integers(1, 40), w_=st.integers(1, 24),
+       pads=st.tuples(*[st.integers(0, 4)] * 4), epilogue=st.sampled_from(EPILOGUES), seed=seeds)
+def test_an_image_stem_split_by_output_rows_gives_the_bits_of_the_whole_launch(
+        n, c, m, k, s, h, w_, pads, epilogue, seed):
+    """With a bias and a native epilogue loop an image stem's parts are bands of output rows,
+    each splitting the input rows it reads into phases of its own: unequal bands (odd heights),
+    bands that read only padding, strides 1 to 3, uneven pads, several images (the buffers
+    reused), down to one output channel."""
+    out_h = (h + pads[0] + pads[2] - k) // s + 1
+    out_w = (w_ + pads[1] + pads[3] - k) // s + 1
+    assume(out_h >= 2 and out_w >= 1)
+    x = with_specials(random_array(seed, (n, c, h, w_), np.float32, -4, 4), seed, SPECIALS)
+    w = random_array(seed + 1, (m, c, k, k), np.float32, -1, 1)
+    b = random_array(seed + 2, (m,), np.float32)
+    attrs = {"group": 1, "kernel_shape": (k, k), "strides": (s, s), "pads": pads, **epilogue}
+    banded = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv_parts.taps, "direct_record", lambda *a, f=conv_parts.taps.direct_record:
+                   banded.append(f(*a)) or banded[-1])
+        assert_split_equals_whole(x, w, b, attrs, (n, m, out_h, out_w))
+    assert banded and banded[0] is not None
+
+
 @settings(max_examples=30, deadline=None)
 @given(n=st.integers(1, 2), c=st.integers(16, 48), m=st.integers(32, 96), h=st.integers(40, 80),
        stride=st.integers(1, 2), relu=st.booleans(), seed=seeds)
