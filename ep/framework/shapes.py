@@ -13,6 +13,8 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
+from .wire import tensor_value_info
+
 WEIGHT_BYTES = 1024
 """Initializers at least this large are weights: never folded, never copied for inference."""
 
@@ -46,10 +48,10 @@ def without_weights(model: onnx.ModelProto, threshold: int = WEIGHT_BYTES
     graph.name, graph.doc_string = source.name, source.doc_string
     graph.node.extend(source.node)
     graph.input.extend(i for i in source.input if i.name not in weights)
-    for name, k in weights.items():
+    for name, k in weights.items():  # built in the graph's arena (wire.tensor_value_info)
         tensor = source.initializer[k]
-        graph.input.append(helper.make_tensor_value_info(name, tensor.data_type,
-                                                         list(tensor.dims)))
+        graph.input.add().MergeFromString(tensor_value_info(name, tensor.data_type,
+                                                            tensor.dims))
     graph.output.extend(source.output)
     graph.value_info.extend(source.value_info)
     graph.initializer.extend(t for t in source.initializer if t.name not in weights)

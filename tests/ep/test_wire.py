@@ -10,13 +10,15 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import ep
 from ep.framework.pipeline import _load
 from ep.framework.shapes import WEIGHT_BYTES
 from ep.framework.tensors import viewable
-from ep.framework.wire import split_weights
+from ep.framework.wire import split_weights, tensor_value_info
 
 RNG = np.random.default_rng(0)
 W1 = RNG.standard_normal((64, 64)).astype(np.float32)  # NPU MatMul weight
@@ -119,3 +121,16 @@ def test_epcontext_model_keeps_the_cpu_weights(tmp_path: Path):
     got = ep.InferenceSession(str(tmp_path / "wire_ctx.onnx")).run(None, {"x": x})
     for g, w in zip(got, want, strict=True):
         assert np.array_equal(g, w)
+
+
+@given(name=st.text(), elem_type=st.integers(-(2**31), 2**31 - 1),
+       dims=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=6))
+def test_a_value_info_written_as_bytes_is_helpers(name, elem_type, dims):
+    """The bytes parse into the message ``helper.make_tensor_value_info`` builds, serialized
+    the same: any name, negative element types and dims (a malformed model's), a scalar's
+    empty shape."""
+    graph = onnx.GraphProto()
+    graph.input.add().MergeFromString(tensor_value_info(name, elem_type, dims))
+    want = helper.make_tensor_value_info(name, elem_type, dims)
+    assert graph.input[0] == want
+    assert graph.input[0].SerializeToString() == want.SerializeToString()

@@ -33,6 +33,7 @@ from npu_sim.kernels import activations as kernel_activations
 
 from ... import errors
 from ...framework.shapes import WEIGHT_BYTES, nbytes
+from ...framework.wire import tensor_value_info
 from ..ops import ops_where
 
 TensorType = tuple[str, tuple[int, ...]]
@@ -298,14 +299,9 @@ def _infer(
     for tensor in initializers:
         if nbytes(tensor) < WEIGHT_BYTES:
             light.initializer.append(tensor)
-        else:  # helper.make_tensor_value_info(name, data_type, dims), built in place
-            vi = light.input.add()
-            vi.name = tensor.name
-            typed = vi.type.tensor_type
-            typed.elem_type = tensor.data_type
-            typed.shape.SetInParent()
-            for d in tensor.dims:
-                typed.shape.dim.add().dim_value = d
+        else:  # a typed input, built in the graph's arena (wire.tensor_value_info)
+            light.input.add().MergeFromString(
+                tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
     try:
         model = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
