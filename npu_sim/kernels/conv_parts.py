@@ -19,12 +19,11 @@ When its epilogue has a native loop (:func:`_native_epilogue`), each part is nat
 without the GIL (:func:`.cores.split_native`, :mod:`.native`): a 1x1 convolution's rows
 (:func:`_native_pointwise`), a depthwise one's channels on phase-split planes or channels-last
 (:func:`_native_depthwise`), an image stem's bands of output rows, each reading its own rows
-of the image (:func:`_native_direct`). Such a split
-costs a post, so it starts at smaller launches (:data:`NATIVE_WORK`,
-:data:`NATIVE_DEPTHWISE_WORK`). Otherwise the parts are Python, and whether they run over the
-cores or one after another on the caller is timed in the launch's first runs
-(:class:`.cores.Choice`): on a host where handing a part over costs more than it gains, the
-launch runs whole, with the same bits.
+of the image (:func:`_native_direct`). Such a split costs a post, so it starts at smaller
+launches (:data:`NATIVE_WORK`, :data:`NATIVE_DEPTHWISE_WORK`). Otherwise the parts are Python,
+and whether they run over the cores or one after another on the caller is timed in the
+launch's first runs (:class:`.cores.Choice`): on a host where handing a part over costs more
+than it gains, the launch runs whole, with the same bits.
 
 Measured on 2 vCPUs (AMD EPYC Zen 4), one-thread BLAS, medians of 200: the 16 to 96 channel
 1x1 convolution with bias and SiLU 1.62 ms whole, 0.91 ms in two parts (four parts 0.99, eight
