@@ -134,3 +134,42 @@ def test_a_value_info_written_as_bytes_is_helpers(name, elem_type, dims):
     want = helper.make_tensor_value_info(name, elem_type, dims)
     assert graph.input[0] == want
     assert graph.input[0].SerializeToString() == want.SerializeToString()
+
+
+def test_the_tensor_walk_finds_what_onnxs_does_but_stray_tensors_on_plain_attributes():
+    """``pipeline._tensors`` (which tensors may hold external data) against onnx's
+    ``_get_all_tensors`` on initializers, Constant values, a TENSORS attribute, subgraphs
+    (GRAPH and GRAPHS, with initializers and attribute tensors of their own) and a function's
+    nodes; the one difference is a ``tensors`` field set on an ints attribute, which nothing
+    reads."""
+    from onnx import external_data_helper
+
+    from ep.framework.pipeline import _tensors
+
+    def tensor(name):
+        return numpy_helper.from_array(np.full(3, len(name), np.float32), name)
+
+    def sub(tag):
+        return helper.make_graph(
+            [helper.make_node("Constant", [], [f"{tag}_k"], value=tensor(f"{tag}_value"))],
+            tag, [], [helper.make_tensor_value_info(f"{tag}_k", TensorProto.FLOAT, [3])],
+            [tensor(f"{tag}_init")])
+
+    custom = helper.make_node("Custom", ["x"], ["z"], domain="custom",
+                              weights=[tensor("list_a"), tensor("list_b")])
+    loop = helper.make_node("Scan", ["x"], ["s"], domain="custom", bodies=[sub("g1"), sub("g2")])
+    branch = helper.make_node("If", ["c"], ["y"], then_branch=sub("then"),
+                              else_branch=sub("else"))
+    stray = helper.make_node("Pad", ["x"], ["p"], pads=[0, 0])
+    stray.attribute[0].tensors.append(tensor("stray"))
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["k"], value=tensor("top_value")), custom, loop,
+         branch, stray], "g", [], [], [tensor("top_init")])
+    function = helper.make_function(
+        "custom", "F", [], ["o"], [helper.make_node("Constant", [], ["o"],
+                                                    value=tensor("fn_value"))],
+        [helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, functions=[function])
+    onnx_names = sorted(t.name for t in external_data_helper._get_all_tensors(model))
+    assert sorted(t.name for t in _tensors(model)) == [n for n in onnx_names if n != "stray"]
+    assert "stray" in onnx_names and len(onnx_names) == 14
