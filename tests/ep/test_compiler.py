@@ -9,6 +9,7 @@ it was overwritten, and the values stop matching.
 
 from __future__ import annotations
 
+import importlib
 import random
 
 import numpy as np
@@ -163,6 +164,40 @@ def test_a_chain_reusing_its_memory_keeps_one_dependency_per_command():
     assert cp.report.anti_dependencies > n
     commands = unpack(cp.program.commands)
     assert [c.deps for c in commands] == [()] + [(k,) for k in range(n - 1)]
+
+
+@settings(max_examples=60)
+@given(st.data(), st.integers(1, 30), st.integers(1, 200), st.sampled_from([1, 7, 1 << 21]))
+def test_earlier_occupants_masks_are_the_or_over_every_overlapping_dead_buffer(
+        data, count, launches, words_at_once):
+    """``emit._occupants`` (array operations, pairs gathered in slices of at most
+    ``_WORDS`` words) against the definition, pair by pair: a buffer's mask ORs the masks of
+    the other buffers that died before it was written and overlap its aligned range."""
+    from ep.npusim.compiler.memplan import Buffer, align_up
+
+    emit = importlib.import_module("ep.npusim.compiler.emit")  # the package's emit is a function
+
+    spans = data.draw(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 20),
+                                         st.integers(0, 300), st.integers(0, 6)),
+                               min_size=count, max_size=count))
+    buffers = [Buffer(key=10 + 3 * k, size=size, first=min(a, b), last=max(a, b))
+               for k, (a, b, size, _) in enumerate(spans)]
+    offsets = {b.key: 64 * at for b, (_, _, _, at) in zip(buffers, spans, strict=True)}
+    touched = data.draw(st.lists(st.integers(0, 2**launches - 1), min_size=count,
+                                 max_size=count))
+    want = []
+    for b in buffers:
+        lo, hi = offsets[b.key], offsets[b.key] + align_up(max(b.size, 1), 64)
+        mask = 0
+        for o, t in zip(buffers, touched, strict=True):
+            o_lo, o_hi = offsets[o.key], offsets[o.key] + align_up(max(o.size, 1), 64)
+            if o.key != b.key and o.last < b.first and o_lo < hi and lo < o_hi:
+                mask |= t
+        want.append(mask)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(emit, "_WORDS", words_at_once)
+        patch.setattr(emit, "_ROWS", 4)  # several blocks of rows
+        assert emit._occupants(buffers, offsets, 64, touched, launches) == want
 
 
 def test_commands_respect_the_descriptor_dependency_limit():

@@ -46,19 +46,13 @@ def launch_dependencies(
         for t in launch.inputs:
             if t >= 0 and not lowered.tensors[t].is_const:
                 readers[lowered.tensors[t].buffer] |= 1 << step
-    earlier = _earlier_occupants(buffers, offsets, alignment)
-    previous: dict[int, int] = {}  # buffer -> launches of earlier occupants of its memory
-
-    def occupants(key: int) -> int:
-        found = previous.get(key)
-        if found is None:
-            found = 0
-            for other in earlier.get(key, ()):
-                found |= readers[other]
-                if other in producer:
-                    found |= 1 << producer[other]
-            previous[key] = found
-        return found
+    # What writing a buffer must wait for: the readers and producer of every earlier occupant
+    # of its memory (anti-dependencies), one mask per buffer.
+    touched = [readers[b.key] | (1 << producer[b.key] if b.key in producer else 0)
+               for b in buffers]
+    occupied = dict(zip((b.key for b in buffers),
+                        _occupants(buffers, offsets, alignment, touched,
+                                   len(lowered.launches)), strict=True))
 
     deps: list[tuple[int, ...]] = []
     ancestors: list[int] = []  # bit j set: launch j precedes this one
@@ -72,7 +66,7 @@ def launch_dependencies(
                     need |= 1 << p
         data = need.bit_count()
         for t in launch.outputs:
-            need |= occupants(lowered.tensors[t].buffer)
+            need |= occupied.get(lowered.tensors[t].buffer, 0)
         need &= ~(1 << step)
         anti += need.bit_count() - data
         kept, reach = _reduced(need, ancestors)
@@ -106,27 +100,41 @@ _ROWS = 256
 """Buffers whose earlier occupants are found in one array operation (a block of rows of the
 buffer x buffer overlap matrix: 256 x 5000 booleans for a large transformer)."""
 
+_WORDS = 1 << 21
+"""The most 64-bit words of launch masks gathered at once (16 MiB): a block's pairs of
+occupants are taken in slices of at most this many masks' words."""
 
-def _earlier_occupants(buffers: Sequence[Buffer], offsets: Mapping[int, int],
-                       alignment: int) -> dict[int, list[int]]:
-    """Buffer key -> the buffers that died before it was written and share its memory.
 
-    Found for blocks of buffers at once with array operations, not by a loop over every buffer
-    per buffer (or per write: an array operation per buffer cost more than the scan itself)."""
+def _occupants(buffers: Sequence[Buffer], offsets: Mapping[int, int], alignment: int,
+               touched: Sequence[int], launches: int) -> list[int]:
+    """For each buffer, the OR of ``touched`` (a mask of ``launches`` bits per buffer) over
+    the buffers that died before it was written and share its memory.
+
+    Found for blocks of buffers at once with array operations: the overlap matrix of a block of
+    rows, its pairs (row, earlier occupant), each occupant's mask as 64-bit words, and one
+    ``bitwise_or.reduceat`` per row's pairs. A loop over the pairs in Python cost more than the
+    rest of the dependency pass (the 100-op chain's 2,500 pairs: 0.4 of its 0.86 ms)."""
     keys = np.array([b.key for b in buffers], dtype=np.int64)
     firsts = np.array([b.first for b in buffers], dtype=np.int64)
     lasts = np.array([b.last for b in buffers], dtype=np.int64)
     los = np.array([offsets[b.key] for b in buffers], dtype=np.int64)
     his = los + np.array([align_up(max(b.size, 1), alignment) for b in buffers], dtype=np.int64)
-    key_list = keys.tolist()
-    found: dict[int, list[int]] = {}
+    words = max(1, -(-launches // 64))
+    masks = np.frombuffer(b"".join(m.to_bytes(8 * words, "little") for m in touched),
+                          dtype="<u8").reshape(len(buffers), words)
+    found = [0] * len(buffers)
+    step = max(1, _WORDS // words)
     for start in range(0, len(buffers), _ROWS):
         rows = slice(start, start + _ROWS)
         overlap = ((lasts[None, :] < firsts[rows, None]) & (keys[None, :] != keys[rows, None])
                    & (los[None, :] < his[rows, None]) & (los[rows, None] < his[None, :]))
-        row, col = np.nonzero(overlap)
-        for r, c in zip((row + start).tolist(), col.tolist(), strict=True):
-            found.setdefault(key_list[r], []).append(key_list[c])
+        row, col = np.nonzero(overlap)  # row-major: each row's pairs are consecutive
+        for lo in range(0, len(row), step):
+            r, c = row[lo:lo + step], col[lo:lo + step]
+            heads = np.flatnonzero(np.concatenate(([True], r[1:] != r[:-1])))
+            merged = np.bitwise_or.reduceat(masks[c], heads, axis=0)
+            for k, mask in zip((r[heads] + start).tolist(), merged, strict=True):
+                found[k] |= int.from_bytes(mask.tobytes(), "little")
     return found
 
 
