@@ -1,13 +1,15 @@
 """Kernels: MaxPool, AveragePool, the global pools and LRN.
 
 Pools run on the vector unit: each output element reduces one window of its channel, so the
-kernels are direct numba loops over (batch, channel) planes. They run serially: a pool sits between
-BLAS-backed convolutions, whose threads keep spinning after each GEMM, and a parallel loop there
-fights them for the cores (measured slower end to end on ResNet-50). Windows come from
-:func:`npu_sim.kernels.conv.window` (``pads``, ``auto_pad``, ``strides``, ``dilations``,
-``ceil_mode``), on 1-, 2- and 3-D spatial inputs viewed as 3-D. Float16 and bfloat16 inputs are
-reduced in float32 and rounded once; MaxPool also takes int8 and uint8, whose values float32
-holds exactly.
+kernels are direct numba loops over (batch, channel) planes. They are not numba parallel loops: a
+pool sits between BLAS-backed convolutions, whose threads keep spinning after each GEMM, and a
+parallel loop there fought them for the cores (measured slower end to end on ResNet-50). A
+large MaxPool without indices splits its planes over the kernels' own helper threads instead
+(:func:`.blas.spread`, :data:`SPLIT_ELEMENTS`), which the convolutions around it use too.
+Windows come from :func:`npu_sim.kernels.conv.window` (``pads``, ``auto_pad``, ``strides``,
+``dilations``, ``ceil_mode``), on 1-, 2- and 3-D spatial inputs viewed as 3-D. Float16 and
+bfloat16 inputs are reduced in float32 and rounded once; MaxPool also takes int8 and uint8, whose
+values float32 holds exactly.
 
 MaxPool's optional second output holds, for every output element, the flat index of the input
 element it took: ``(n * C + c) * D*H*W + spatial offset``, the offset in row-major order
@@ -25,12 +27,20 @@ import numpy as np
 from numba import njit
 
 from ..errors import KernelError
+from . import blas
 from .conv import MAX_SPATIAL, Window, as5d, spatial_rank, window
 from .gemm import FLOAT_DTYPES, computes_into, to_compute
 from .limits import check_elements
 from .registry import kernel
 
 _MAXPOOL_DTYPES = FLOAT_DTYPES + (np.dtype(np.int8), np.dtype(np.uint8))
+
+#: A MaxPool without indices whose input has at least this many elements splits its planes
+#: over the cores (each plane's maxima are its own, so the same bits). Medians of 300, one
+#: image, 3x3 stride 2, whole against split: ResNet-50's 64 planes of 112x112 537 against 331
+#: us, 64 of 56x56 182 against 158, but 32 of 56x56 90 against 100 and 64 of 28x28 72
+#: against 92.
+SPLIT_ELEMENTS = 1 << 18
 
 
 @njit(cache=True, inline="always")
@@ -255,7 +265,12 @@ def max_pool(inputs: Sequence[np.ndarray | None], attrs: Mapping[str, Any],
     if wanted == 1 and len(win.out) <= 2:
         into = computes_into(out, shape, np.dtype(x.dtype))
         y = np.empty(shape, np.float32) if into is None else into
-        _max_rows(planes[:, 0], k3[1:], st3[1:], di3[1:], pb3[1:], y.reshape(-1, *_out3(win)[1:]))
+        rows, args, maxima = planes[:, 0], (k3[1:], st3[1:], di3[1:], pb3[1:]), \
+            y.reshape(-1, *_out3(win)[1:])
+        if x.size >= SPLIT_ELEMENTS and len(rows) > 1:
+            blas.spread(len(rows), lambda lo, hi: _max_rows(rows[lo:hi], *args, maxima[lo:hi]))
+        else:
+            _max_rows(rows, *args, maxima)
         return [y if into is not None else _rounded_max(y, x.dtype)]
     y = np.empty((planes.shape[0],) + _out3(win), np.float32)
     idx = np.empty(y.shape, np.int64)

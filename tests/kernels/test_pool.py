@@ -9,6 +9,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from npu_sim.errors import KernelError
+from npu_sim.kernels import pool
 from npu_sim.kernels.pool import _plane_means
 from npu_sim.kernels.registry import lookup
 from tests.kernels import (
@@ -83,16 +84,20 @@ def _awkward(seed: int, shape: tuple[int, ...], dtype) -> np.ndarray:
 
 
 @settings(max_examples=60, deadline=None)
-@given(case=pool_case("MaxPool"), seed=seeds, dtype=st.sampled_from(FLOATS))
-def test_max_pool_without_indices_gives_the_indices_loops_bits_and_ort(case, seed, dtype):
+@given(case=pool_case("MaxPool"), seed=seeds, dtype=st.sampled_from(FLOATS), split=st.booleans())
+def test_max_pool_without_indices_gives_the_indices_loops_bits_and_ort(case, seed, dtype, split):
     # A launch with one output hands ``out`` of one entry: 1- and 2-D pools then take the
     # two-pass loop; its maxima must be the indices loop's, bit for bit (NaNs skipped, the
-    # first of tied zeros kept), and onnxruntime's on finite values.
+    # first of tied zeros kept), and onnxruntime's on finite values; also with the planes split
+    # over the cores (the threshold at 0).
     shape, attrs = case
     x = _awkward(seed, shape, dtype)
     (want, _) = run_kernel("MaxPool", [x], attrs)
     out = np.full(want.shape, 7, dtype)
-    (got,) = lookup("MaxPool").values([x], attrs, out=[out])
+    with pytest.MonkeyPatch.context() as patch:
+        if split:
+            patch.setattr(pool, "SPLIT_ELEMENTS", 0)
+        (got,) = lookup("MaxPool").values([x], attrs, out=[out])
     assert got.tobytes() == want.tobytes()
     assert (got is out) == (dtype == np.float32 and len(shape) <= 4)  # 3-D: the indices loop
     finite = np.where(np.isfinite(x), x, 1).astype(dtype)
