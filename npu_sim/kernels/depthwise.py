@@ -50,6 +50,7 @@ from .native import (
     contiguous_float32,
     epilogue,
     optional_address,
+    record,
 )
 
 #: Depthwise convolutions of at least this many MACs run on the kernels' threads (smaller
@@ -319,8 +320,6 @@ def channels_last_record(x5: np.ndarray, w4: np.ndarray, window: np.ndarray, y: 
     floats = widest * (n * math.prod(x5.shape[2:]) + math.prod(w4.shape[1:]) +
                        n * math.prod(y.shape[2:]))
     buffers = [np.empty(floats, np.float32) for _ in edges[1:]]
-    head = np.array([address_of(x5), n, m, *x5.shape[2:], address_of(w4), *w4.shape[1:],
-                     address_of(window), address_of(y), *y.shape[2:], loop, address_of(bias),
-                     optional_address(params), len(edges) - 1], np.int64)
-    return np.concatenate([head, np.asarray(edges, np.int64),
-                           np.array([address_of(b) for b in buffers], np.int64)]), buffers
+    return record([address_of(x5), n, m, *x5.shape[2:], address_of(w4), *w4.shape[1:],
+                   address_of(window), address_of(y), *y.shape[2:], loop, address_of(bias),
+                   optional_address(params), len(edges) - 1], edges, buffers), buffers

@@ -94,6 +94,14 @@ def contiguous_float32(*arrays: np.ndarray) -> bool:
     return all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
 
 
+def record(head: Sequence[int], edges: Sequence[int],
+           buffers: Sequence[np.ndarray] = ()) -> np.ndarray:
+    """A native part's record, laid out as every part reads it: its ``head`` (int64 slots
+    whose last holds the part count), the parts' ``len(edges)`` boundaries, then the address
+    of each of ``buffers`` (per part or per image, as the part says)."""
+    return np.array([*head, *edges, *(address_of(b) for b in buffers)], np.int64)
+
+
 def launch(record: np.ndarray, part: int, parts: int, arrays: tuple, *,
            finite: np.ndarray | None = None, before: Callable[[], object] | None = None,
            blas_call: bool = False) -> Callable[[], bool]:
@@ -260,8 +268,7 @@ def pointwise_record(weights: np.ndarray, scaled: tuple[np.ndarray, np.ndarray] 
     if residual is not None:
         head[_RESIDUAL] = address_of(residual)
     head[_PARAMS] = optional_address(params)
-    return np.concatenate([head, np.asarray(edges, np.int64),
-                           np.array([address_of(c) for c in columns], np.int64)])
+    return record(head.tolist(), edges, columns)
 
 
 # -- a row vector times a transposed matrix's part (a classifier's Gemm) -----------------------
@@ -299,7 +306,5 @@ def gemv_record(a: np.ndarray, x: np.ndarray, y: np.ndarray, bias: np.ndarray, l
     if sgemv is None or not contiguous_float32(a, x, y, bias) or \
             x.size != k or y.size != n or bias.size != n:
         return None
-    head = np.array([sgemv, address_of(a), address_of(x), address_of(y), k, address_of(bias),
-                     loop, optional_address(params), len(edges) - 1],
-                    np.int64)
-    return np.concatenate([head, np.asarray(edges, np.int64)])
+    return record([sgemv, address_of(a), address_of(x), address_of(y), k, address_of(bias),
+                   loop, optional_address(params), len(edges) - 1], edges)

@@ -40,6 +40,7 @@ from .native import (
     contiguous_float32,
     epilogue,
     optional_address,
+    record,
 )
 
 #: Square kernel sizes with an unrolled tap loop.
@@ -330,10 +331,9 @@ def depthwise_record(args: tuple, bias: np.ndarray, loop: int, params: np.ndarra
     if not contiguous_float32(x, w, out, bias) or \
             o.dtype != np.int64 or not o.flags.c_contiguous or bias.shape != (w.shape[0],):
         return None
-    head = np.array([address_of(x), *x.shape, address_of(w), *w.shape, s, pt, pl, rows, pitch,
-                     address_of(o), address_of(out), *out.shape[2:], loop, address_of(bias),
-                     optional_address(params), len(edges) - 1], np.int64)
-    return np.concatenate([head, np.asarray(edges, np.int64)])
+    return record([address_of(x), *x.shape, address_of(w), *w.shape, s, pt, pl, rows, pitch,
+                   address_of(o), address_of(out), *out.shape[2:], loop, address_of(bias),
+                   optional_address(params), len(edges) - 1], edges)
 
 
 #: The record of :func:`_direct_part` (int64 slots), then its ``parts + 1`` row edges and the
@@ -398,9 +398,7 @@ def direct_record(x: np.ndarray, k: int, s: int, pads: tuple[int, int], w: np.nd
     o = offsets(k, s, rows, pitch)
     # zeroed once: split writes the pixels only, and a band's padding is the same every run
     buffers = [np.zeros(x.shape[1] * size + rounded(span), np.float32) for _ in edges[1:]]
-    head = np.array([address_of(x), *x.shape, s, *pads, rows, pitch, size, o.size,
-                     address_of(o), address_of(w), w.shape[0], address_of(out),
-                     *out.shape[2:], loop, address_of(bias), optional_address(params),
-                     len(edges) - 1], np.int64)
-    return np.concatenate([head, np.asarray(edges, np.int64),
-                           np.array([address_of(b) for b in buffers], np.int64)]), [o, *buffers]
+    return record([address_of(x), *x.shape, s, *pads, rows, pitch, size, o.size,
+                   address_of(o), address_of(w), w.shape[0], address_of(out), *out.shape[2:],
+                   loop, address_of(bias), optional_address(params), len(edges) - 1],
+                  edges, buffers), [o, *buffers]
