@@ -273,6 +273,22 @@ def _native_epilogue(fused: FusedLoop | None, tail: Tail | None
     return None
 
 
+def _native_bias_split(b: np.ndarray | None, work: int, threshold: int,
+                       fused: FusedLoop | None, tail: Tail | None,
+                       count: int) -> tuple[int, np.ndarray | None, list[int]] | None:
+    """Whether a launch whose parts add no residual (a depthwise convolution, an image stem)
+    splits natively: a bias, ``work`` of at least ``threshold``, an epilogue with a native loop
+    (:func:`_native_epilogue`) and ``count`` units cut into two parts or more. The loop's
+    address, the parameters it reads and the parts' edges, or None."""
+    if b is None or work < threshold:
+        return None
+    after = _native_epilogue(fused, tail)
+    if after is None or after[2] is not None:
+        return None
+    edges = blas.edges(count, 0)
+    return None if len(edges) < 3 else (after[0], after[1], edges)
+
+
 def _native_depthwise(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarray,
                       b: np.ndarray | None, fused: FusedLoop | None,
                       tail: Tail | None) -> Callable[[], bool] | None:
@@ -287,16 +303,12 @@ def _native_depthwise(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarra
     x5, w5 = as5d(x), as5d(w)
     _, st3, di3, pb3 = win.as3()
     out3 = (1,) * (3 - len(win.out)) + win.out
-    m, taps_ = w.shape[0], math.prod(win.kernel)
-    if b is None or into.size * (taps_ + EPILOGUE_WEIGHT) < NATIVE_DEPTHWISE_WORK:
+    m = w.shape[0]
+    split = _native_bias_split(b, into.size * (math.prod(win.kernel) + EPILOGUE_WEIGHT),
+                               NATIVE_DEPTHWISE_WORK, fused, tail, m)
+    if split is None:
         return None
-    after = _native_epilogue(fused, tail)
-    if after is None or after[2] is not None:
-        return None
-    loop, params, _ = after
-    edges = blas.edges(m, 0)
-    if len(edges) < 3:
-        return None
+    loop, params, edges = split
     if not tapped_geometry(x5, w5, st3, di3, pb3, out3):
         if planar(x5.shape[1], math.prod(out3), int(st3[2])) or m != x5.shape[1]:
             return None
@@ -323,17 +335,12 @@ def _native_direct(x: np.ndarray, w: np.ndarray, win: Window, into: np.ndarray,
     and its phases were one core's cold pass over all of it (MobileNet-V3's stem in a run:
     phases 87 us, then the channel parts 100). It returns False (nothing written) for
     non-finite weights."""
-    m, oh = w.shape[0], into.shape[2]
-    if b is None or x.dtype != np.float32 or \
-            into.size * (w[0].size + EPILOGUE_WEIGHT) < NATIVE_WORK:
+    m = w.shape[0]
+    split = _native_bias_split(b, into.size * (w[0].size + EPILOGUE_WEIGHT), NATIVE_WORK,
+                               fused, tail, into.shape[2])
+    if split is None or x.dtype != np.float32:
         return None
-    after = _native_epilogue(fused, tail)
-    if after is None or after[2] is not None:
-        return None
-    loop, params, _ = after
-    edges = blas.edges(oh, 0)
-    if len(edges) < 3:
-        return None
+    loop, params, edges = split
     k = win.kernel[0]
     wk = np.ascontiguousarray(w.reshape(m, x.shape[1], k * k))
     made = taps.direct_record(x, k, win.strides[0], win.pads_begin[:2], wk, into, b, loop,
