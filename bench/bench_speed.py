@@ -75,9 +75,15 @@ class Table:
 
 
 def seconds(fn: Callable[[], object]) -> float:
+    """Seconds ``fn()`` took; what it returned is dropped after the clock stops. A session's
+    teardown is not its creation: dropped inside, an EPContext session of MobileNet-V3 counted
+    0.13 ms of teardown on top of a 1.4 ms load, one from source 0.45 ms on 21 ms, onnxruntime's
+    0.68 ms on 12 ms (medians of 15, one process)."""
     start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    made = fn()
+    elapsed = time.perf_counter() - start
+    del made
+    return elapsed
 
 
 class FullCollections:
