@@ -284,7 +284,11 @@ def open_external(refs: Sequence[ExternalRef], base: Path | None) -> ExternalFil
             out.listing.append(ExternalWeightFile(str(path), ref.length, ref.offset,
                                                   ref.sha256.hex()))
         with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
-            digests = list(pool.map(_sha256_then_drop, out.views))
+            try:
+                hashed = pool.map(_sha256_then_drop, out.views)
+            except RuntimeError:  # an atexit handler's load: no new threads, hashed here
+                hashed = map(_sha256_then_drop, out.views)
+            digests = list(hashed)
         for ref, item, digest in zip(refs, out.listing, digests, strict=True):
             if digest != ref.sha256:
                 raise InvalidGraph(f"external weight file {item.path!r}: hash mismatch at offset "

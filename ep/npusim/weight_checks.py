@@ -75,10 +75,20 @@ def _pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="npu_sim-crc")
 
 
+def _post(work: Callable[..., int], *args: object) -> Future[int]:
+    """``work(*args)`` queued on the checksum thread. Once the interpreter is exiting (in an
+    ``atexit`` handler) the pool takes no more work: then a future that never runs, which the
+    waiter cancels and computes itself (:meth:`BlockChecks._outcome`), as in a forked child."""
+    try:
+        return _pool().submit(work, *args)
+    except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
+        return Future()
+
+
 def start_thread() -> None:
     """Start the checksum thread now, if it is not running (a process that has just written a
     context binary is about to load one: its first load need not start the thread)."""
-    _pool().submit(int)
+    _post(int)
 
 
 if hasattr(os, "register_at_fork"):
@@ -190,7 +200,7 @@ class BlockChecks:
         self._mapping = mapping
         self._views = [view[run[0].start : run[-1].end] for run in self._runs]
         self._futures: list[Future[int]] | None = [
-            _pool().submit(_crc32_then_drop, v, mapping, run[0].start)
+            _post(_crc32_then_drop, v, mapping, run[0].start)
             for v, run in zip(self._views, self._runs, strict=True)]
         self._error: InvalidGraph | None = None
         if self._futures:

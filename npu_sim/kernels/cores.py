@@ -446,11 +446,15 @@ def _spins(flag: np.ndarray) -> int:
 _team: _Team | None = None
 _team_lock = threading.Lock()
 _loadavg: int | None = None  # descriptor of /proc/loadavg; -1: there is none to read
+_no_threads = False
+"""The helper threads could not be started: every split runs on its caller. Python 3.12 and
+later start no thread once the interpreter is exiting (a session run from an ``atexit``
+handler), and a host may refuse a new thread."""
 
 
 def _reset_after_fork() -> None:
-    global _team, _team_lock, _loadavg
-    _team, _team_lock, _loadavg = None, threading.Lock(), None
+    global _team, _team_lock, _loadavg, _no_threads
+    _team, _team_lock, _loadavg, _no_threads = None, threading.Lock(), None, False
 
 
 if hasattr(os, "register_at_fork"):
@@ -484,14 +488,18 @@ def _others_running(helpers: _Team, *, awake: bool = True) -> bool:
 
 
 def team() -> _Team | None:
-    """The helper threads (started on first use); None on a one-core host."""
-    global _team
-    if THREADS < 2:
+    """The helper threads (started on first use); None on a one-core host, or where they
+    cannot be started (:data:`_no_threads`)."""
+    global _team, _no_threads
+    if THREADS < 2 or _no_threads:
         return None
     if _team is None:
         with _team_lock:
-            if _team is None:
-                _team = _Team()
+            if _team is None and not _no_threads:
+                try:
+                    _team = _Team()
+                except RuntimeError:  # "can't create new thread at interpreter shutdown"
+                    _no_threads = True
     return _team
 
 

@@ -261,3 +261,28 @@ def test_a_choice_keeps_splitting_a_launch_that_gains_from_it(monkeypatch) -> No
     assert choice.whole is False
     assert _threads_meeting(choice.run) == 2
     _fresh(cores.team())
+
+
+@pytest.mark.skipif(cores.THREADS < 2, reason="one core: no helper threads to start")
+def test_where_no_thread_can_start_every_split_runs_on_its_caller(monkeypatch) -> None:
+    """Python 3.12+ starts no thread once the interpreter is exiting (a session run from an
+    ``atexit`` handler): the helpers' first start fails there, and every split then runs on
+    its caller, each part once, in order."""
+    def refused(self: threading.Thread) -> None:
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    monkeypatch.setattr(cores, "_team", None)
+    monkeypatch.setattr(cores, "_no_threads", False)
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    threads: set[int] = set()
+    seen: list[int] = []
+
+    def part(k: int) -> None:
+        threads.add(threading.get_ident())
+        seen.append(k)
+
+    cores.split(6, part)
+    assert cores.team() is None and cores._no_threads
+    cores.split(5, part)
+    assert seen == [*range(6), *range(5)]
+    assert threads == {threading.get_ident()}
