@@ -18,18 +18,13 @@ import dataclasses
 import hashlib
 import json
 import math
-import sys
+import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from .dtypes import itemsize
 from .errors import ConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised only on Python 3.10
-    import tomli as tomllib
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -24,7 +24,7 @@ import io
 import itertools
 import json
 import os
-import sys
+import tomllib
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -35,11 +35,6 @@ from ..errors import ConfigError, TraceError
 from ..files import write_atomic
 from .format import Trace, load
 from .retime import SplitRule
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 
 def read_grid(path: str | os.PathLike[str], base: DeviceConfig) -> tuple[list[DeviceConfig],
