@@ -33,9 +33,14 @@ _FIELD_ITEMS = {  # typed field -> values per element (complex types store two)
 
 
 _PACKED = frozenset({onnx.TensorProto.INT4, onnx.TensorProto.UINT4})
-"""Types two elements share a byte of ``raw_data``."""
-_UNPACKED = _PACKED | {getattr(onnx.TensorProto, name) for name in (
-    "FLOAT4E2M1", "INT2", "UINT2", "FLOAT6E2M3", "FLOAT6E3M2") if hasattr(onnx.TensorProto, name)}
+"""Types two elements share a value of a typed field (``int32_data``)."""
+_BITS = {onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4,
+         **{getattr(onnx.TensorProto, name): bits for name, bits in (
+             ("FLOAT4E2M1", 4), ("INT2", 2), ("UINT2", 2), ("FLOAT6E2M3", 6), ("FLOAT6E3M2", 6))
+            if hasattr(onnx.TensorProto, name)}}
+"""Types whose elements are packed in ``raw_data``, by bits per element (onnx's
+``make_tensor``: 5 FLOAT6E2M3 values are 4 bytes)."""
+_UNPACKED = frozenset(_BITS)
 """Types ``numpy_helper.to_array`` unpacks from ``raw_data`` (not a plain view of the bytes)."""
 _VIEW_TYPES = frozenset(set(onnx.TensorProto.DataType.values()) - {
     onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING})
@@ -46,6 +51,15 @@ def viewable(data_type: int) -> bool:
     bytes on this host (what the load may take out of the protobuf, :mod:`.wire`)."""
     return (sys.byteorder == "little" and data_type not in _UNPACKED
             and data_type in _VIEW_TYPES)
+
+
+def raw_size(data_type: int, count: int) -> int:
+    """The bytes of ``raw_data`` holding ``count`` elements of ``data_type`` (a valid type
+    other than ``STRING``), packed types rounded up to whole bytes."""
+    bits = _BITS.get(data_type)
+    if bits is not None:
+        return (count * bits + 7) // 8
+    return count * helper.tensor_dtype_to_np_dtype(data_type).itemsize
 
 
 def check_tensor(tensor: onnx.TensorProto, what: str,
@@ -70,8 +84,7 @@ def check_tensor(tensor: onnx.TensorProto, what: str,
         if tensor.data_type == onnx.TensorProto.STRING:
             raise Fail(f"{what} '{tensor.name}': a string tensor cannot hold raw_data")
         dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
-        packed = tensor.data_type in _PACKED
-        expected = (count * 4 + 7) // 8 if packed else count * dtype.itemsize
+        expected = raw_size(tensor.data_type, count)
         data = tensor.raw_data if raw is None else raw
         if len(data) != expected:
             raise Fail(f"{what} '{tensor.name}': raw_data size ({len(data)} bytes) "
@@ -85,8 +98,7 @@ def check_tensor(tensor: onnx.TensorProto, what: str,
     values = len(getattr(tensor, field))
     per = 2 if tensor.data_type in (onnx.TensorProto.COMPLEX64,
                                     onnx.TensorProto.COMPLEX128) else 1
-    packed = {onnx.TensorProto.INT4: 2, onnx.TensorProto.UINT4: 2}.get(tensor.data_type)
-    expected = -(-count // packed) if packed else count * per
+    expected = -(-count // 2) if tensor.data_type in _PACKED else count * per
     if values != expected:
         raise Fail(f"{what} '{tensor.name}': data field count ({values}) does not match "
                    f"expected count from shape ({expected})")
