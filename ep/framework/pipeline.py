@@ -21,13 +21,11 @@ keeps the compiled partitions to run, a compiler keeps the written EPContext mod
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import external_data_helper
 
 from ..errors import (
     EPFail,
@@ -38,6 +36,7 @@ from ..errors import (
     NoSuchFile,
 )
 from ..errors import NotImplemented as OrtNotImplemented
+from . import external_data
 from .context_writer import ContextWriter
 from .epcontext import is_ep_context_node, parse_ep_context_node
 from .graph import GraphView
@@ -265,54 +264,16 @@ def _load(path_or_bytes: str | os.PathLike[str] | bytes, config: Mapping[str, st
         raw = {tensors[s.index].name: whole[s.offset:s.offset + s.length] for s in scanned[1]}
         if len(raw) != len(scanned[1]):  # initializers sharing a name: protobuf's way
             model, raw = _parse(data), {}
-    external = [t.name for t in _tensors(model) if external_data_helper.uses_external_data(t)]
+    external = [t for t in external_data.tensors(model) if external_data.uses_external_data(t)]
     if external:
         if model_path is not None:
-            folder = str(Path(model_path).resolve().parent)
+            folder = os.path.dirname(model_path)
         elif folder is None:
-            raise Fail(f"the model has external initializers {external[:3]} but was loaded from "
-                       f"bytes; set {EXTERNAL_INITIALIZERS_FOLDER} to the folder of its data file")
-        try:
-            external_data_helper.load_external_data_for_model(model, folder)
-        except Exception as exc:
-            raise Fail(f"cannot load external initializers from folder {folder!r}: "
-                       f"{exc}") from None
+            raise Fail(f"the model has external initializers {[t.name for t in external[:3]]} "
+                       f"but was loaded from bytes; set {EXTERNAL_INITIALIZERS_FOLDER} to the "
+                       "folder of its data file")
+        external_data.load(external, folder, model_path)
     return model, model_path, raw
-
-
-_PLAIN = frozenset({onnx.AttributeProto.FLOAT, onnx.AttributeProto.INT,
-                    onnx.AttributeProto.STRING, onnx.AttributeProto.FLOATS,
-                    onnx.AttributeProto.INTS, onnx.AttributeProto.STRINGS})
-"""Attribute types whose value is never a tensor: their ``tensors`` field is not read."""
-
-
-def _tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
-    """The tensors onnx's ``external_data_helper._get_all_tensors`` walks (initializers, also
-    of subgraphs; attribute tensors of the graph's nodes and the model's functions), but a
-    ``tensors`` field on an attribute of a plain type (ints, a string...), which no kernel
-    reads. onnx's walk reads every attribute's ``tensors``: MobileNet-V3's model took 565 us
-    that way and 174 through the types, of a 20 ms creation."""
-    def graph(g: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-        yield from g.initializer
-        yield from nodes(g.node)
-
-    def nodes(found: Iterable[onnx.NodeProto]) -> Iterator[onnx.TensorProto]:
-        for node in found:
-            for attribute in node.attribute:
-                kind = attribute.type
-                if attribute.HasField("t"):
-                    yield attribute.t
-                if kind not in _PLAIN:
-                    yield from attribute.tensors
-                if kind == onnx.AttributeProto.GRAPH:
-                    yield from graph(attribute.g)
-                elif kind == onnx.AttributeProto.GRAPHS:
-                    for sub in attribute.graphs:
-                        yield from graph(sub)
-
-    yield from graph(model.graph)
-    for function in model.functions:
-        yield from nodes(function.node)
 
 
 def _parse(data: bytes) -> onnx.ModelProto:
