@@ -217,11 +217,16 @@ def _ordered(a: np.ndarray) -> np.ndarray:
 
 def _load(model: onnx.ModelProto | str | os.PathLike[str] | bytes
           ) -> tuple[onnx.ModelProto, str | bytes]:
+    """The model and what the sessions are given. A path is read as a session reads it (its
+    external data found and checked as onnxruntime does, ``ep.framework.external_data``): a
+    file neither could load raises the session's error."""
     if isinstance(model, onnx.ModelProto):
         return model, model.SerializeToString()
     if isinstance(model, bytes):
         return onnx.load_from_string(model), model
-    return onnx.load(os.fspath(model)), os.fspath(model)
+    from ep.framework.pipeline import load_model
+
+    return load_model(os.fspath(model), {})[0], os.fspath(model)
 
 
 def _has_half_tensors(model: onnx.ModelProto) -> bool:

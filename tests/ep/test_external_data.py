@@ -236,3 +236,15 @@ def test_the_tensor_walk_finds_what_onnxs_does_but_stray_tensors_on_plain_attrib
     onnx_names = sorted(t.name for t in external_data_helper._get_all_tensors(model))
     assert sorted(t.name for t in tensors(model)) == [n for n in onnx_names if n != "stray"]
     assert onnx_names == sorted(made)  # onnx's walk sees every tensor the model holds
+
+
+def test_the_testing_kit_reads_a_model_path_as_a_session_does(tmp_path):
+    """``assert_matches_onnxruntime`` given a path loads the model as the session does: a
+    cache snapshot compares (onnx's loader refused its links with an untyped error), and a
+    link whose data is not beside it raises the session's ``Fail``."""
+    from ep.testing import assert_matches_onnxruntime
+
+    got = assert_matches_onnxruntime(str(hugging_face_cache(tmp_path / "cache")), FEED)
+    assert got is not None and got[0].shape == (2, 8)
+    with pytest.raises(ep.Fail, match="escapes model directory"):
+        assert_matches_onnxruntime(str(linked_model(tmp_path / "link", data_too=False)), FEED)
