@@ -77,11 +77,11 @@ def tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
 
 
 def load(external: Iterable[onnx.TensorProto], folder: str, model_file: str | None) -> None:
-    """Read every tensor of ``external`` (tensors with external data) into its ``raw_data`` (its ``external_data``
-    then cleared, as onnx's loader leaves it). ``folder``: where locations are joined (the
-    model path's folder as given, or the configured folder of a model from bytes);
-    ``model_file``: the model's path, whose resolved folder the data must lie in (None for a
-    model from bytes: ``folder``, resolved)."""
+    """Read every tensor of ``external`` (tensors with external data) into its ``raw_data``
+    (its ``external_data`` then cleared, as onnx's loader leaves it). ``folder``: where
+    locations are joined (the model path's folder as given, or the configured folder of a
+    model from bytes); ``model_file``: the model's path, whose resolved folder the data must
+    lie in (None for a model from bytes: ``folder``, resolved)."""
     allowed = os.path.dirname(os.path.realpath(model_file)) if model_file is not None \
         else os.path.realpath(folder)
     files: dict[str, tuple[int, int]] = {}  # resolved path -> (descriptor, size)

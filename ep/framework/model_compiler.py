@@ -220,6 +220,8 @@ class ModelCompiler:
                       free_dims=self._options.free_dimension_overrides,
                       free_denotations=self._options.free_dimension_denotations,
                       make_writer=make_writer, require_compiled=False, write=write,
-                      already_compiled=InvalidGraph(ALREADY_COMPILED))
+                      already_compiled=InvalidGraph(ALREADY_COMPILED),
+                      initializers=self._options.initializers,
+                      external_initializers=self._options.external_initializers)
         finally:
             config.pop(EP_CONTEXT_FILE_PATH, None)

@@ -17,6 +17,7 @@ import numpy as np
 import onnxruntime
 
 from ..errors import InvalidArgument, RuntimeException
+from . import initializers
 from .registry import is_registered, known_elsewhere, unknown_provider
 from .typed_options import Option, TypedOptions, boolean, int32, member, text
 
@@ -87,7 +88,8 @@ class SessionOptions(TypedOptions):
     wrong type is a ``TypeError`` when it is set (:mod:`.typed_options`).
     """
 
-    __slots__ = ("_config", "_providers", "_free_dims", "_free_denotations")
+    __slots__ = ("_config", "_providers", "_free_dims", "_free_denotations", "_initializers",
+                 "_external_initializers")
 
     enable_profiling = Option(boolean, False)
     profile_file_prefix = Option(text, "onnxruntime_profile_")
@@ -113,6 +115,8 @@ class SessionOptions(TypedOptions):
         self._providers: list[tuple[str, dict[str, str]]] = []
         self._free_dims: dict[str, int] = {}
         self._free_denotations: dict[str, int] = {}
+        self._initializers: dict[str, Any] = {}
+        self._external_initializers: dict[str, Any] = {}
 
     def add_session_config_entry(self, key: str, value: str) -> None:
         """Set config entry ``key`` to ``value`` (both strings), replacing an earlier value.
@@ -190,6 +194,44 @@ class SessionOptions(TypedOptions):
         does; one also fixed by name to another value is ``InvalidArgument``."""
         self._free_denotations[dim_denotation] = _override(
             "add_free_dimension_override_by_denotation", dim_denotation, dim_value)
+
+    def add_initializer(self, name: str, val: Any) -> None:
+        """Use ``val``, an ``OrtValue``, for the model's initializer ``name`` in every session
+        made with these options, as onnxruntime's ``add_initializer`` (a name the model does
+        not hold changes nothing; see :mod:`.initializers`). Another value for the same name is
+        ``InvalidArgument``; a value that is not an ``OrtValue`` is onnxruntime's
+        ``RuntimeError`` (``RuntimeException``)."""
+        if not isinstance(name, str):
+            raise TypeError(f"add_initializer(): incompatible function arguments ("
+                            f"{type(name).__name__}, {type(val).__name__}); expected (str, "
+                            "OrtValue)")
+        initializers.add(self._initializers, initializers.check_value(name, val), val)
+
+    def add_external_initializers(self, names: list[str], ort_values: list[Any]) -> None:
+        """Supply the data of initializers the model keeps in external files, one ``OrtValue``
+        per name, as onnxruntime's ``add_external_initializers``: a session reads them from
+        these values instead of the files (:mod:`.initializers`)."""
+        if not isinstance(names, list) or not isinstance(ort_values, list):
+            raise TypeError(f"add_external_initializers(): incompatible function arguments ("
+                            f"{type(names).__name__}, {type(ort_values).__name__}); expected "
+                            "(list, list)")
+        if len(names) != len(ort_values):
+            raise InvalidArgument(f"Expecting names and ort_values lists to have equal length "
+                                  f"({len(names)} names, {len(ort_values)} values)")
+        checked = [initializers.check_value(n, v) for n, v in zip(names, ort_values,
+                                                                   strict=True)]
+        for name, value in zip(checked, ort_values, strict=True):
+            initializers.add(self._external_initializers, name, value)
+
+    @property
+    def initializers(self) -> dict[str, Any]:
+        """Name -> ``OrtValue``, from :meth:`add_initializer`."""
+        return dict(self._initializers)
+
+    @property
+    def external_initializers(self) -> dict[str, Any]:
+        """Name -> ``OrtValue``, from :meth:`add_external_initializers`."""
+        return dict(self._external_initializers)
 
     @property
     def free_dimension_overrides(self) -> dict[str, int]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -40,6 +41,7 @@ from . import external_data
 from .context_writer import ContextWriter
 from .epcontext import is_ep_context_node, parse_ep_context_node
 from .graph import GraphView
+from .initializers import apply as apply_initializers
 from .optimizer import optimize
 from .options import DISABLE_MODEL_COMPILE, EXTERNAL_INITIALIZERS_FOLDER, config_flag
 from .partitioner import CPU, PartitionPlan, partition
@@ -85,14 +87,20 @@ def construct(
                      list[ExecutionProvider]], object] | None = None,
     wrap: Wrap | None = None,
     already_compiled: Exception | None = None,
+    initializers: Mapping[str, Any] | None = None,
+    external_initializers: Mapping[str, Any] | None = None,
 ) -> Built:
     """Run the pipeline of the module docstring. ``make_writer(model_path)`` returns the
     EPContext writer (None: no generation); ``write`` writes with it (default
     ``writer.write``); ``require_compiled=False`` skips the ``disable_model_compile`` check
     (``ModelCompiler`` compiles by definition). A model that already has EPContext nodes is
     loaded without generating (ONNX Runtime's sessions skip generation for it), or, given
-    ``already_compiled``, that error is raised."""
-    source, model_path, raw = _load(path_or_bytes, config, split=True)
+    ``already_compiled``, that error is raised. ``initializers`` and
+    ``external_initializers``: the ``OrtValue``s of ``SessionOptions.add_initializer`` and
+    ``add_external_initializers`` (:mod:`.initializers`)."""
+    source, model_path, raw = _load(path_or_bytes, config, split=True,
+                                    supplied=initializers or {},
+                                    supplied_external=external_initializers or {})
     weights = check_model_tensors(source, raw)
     writer = make_writer(model_path)
     provider_config = writer.provider_config() if writer is not None else dict(config)
@@ -236,9 +244,12 @@ def load_model(path_or_bytes: str | os.PathLike[str] | bytes,
 
 
 def _load(path_or_bytes: str | os.PathLike[str] | bytes, config: Mapping[str, str], *,
-          split: bool) -> tuple[onnx.ModelProto, str | None, dict[str, memoryview]]:
+          split: bool, supplied: Mapping[str, Any] | None = None,
+          supplied_external: Mapping[str, Any] | None = None,
+          ) -> tuple[onnx.ModelProto, str | None, dict[str, memoryview]]:
     """:func:`load_model`; with ``split`` the large initializers' ``raw_data`` stays out of the
-    parsed model (:mod:`.wire`) and comes back by name, views of the bytes read."""
+    parsed model (:mod:`.wire`) and comes back by name, views of the bytes read. ``supplied``
+    and ``supplied_external``: the caller's initializers (:mod:`.initializers`)."""
     if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
         data, model_path = bytes(path_or_bytes), None
         folder = config.get(EXTERNAL_INITIALIZERS_FOLDER, "") or None
@@ -264,6 +275,7 @@ def _load(path_or_bytes: str | os.PathLike[str] | bytes, config: Mapping[str, st
         raw = {tensors[s.index].name: whole[s.offset:s.offset + s.length] for s in scanned[1]}
         if len(raw) != len(scanned[1]):  # initializers sharing a name: protobuf's way
             model, raw = _parse(data), {}
+    apply_initializers(model, raw, values=supplied or {}, external=supplied_external or {})
     external = [t for t in external_data.tensors(model) if external_data.uses_external_data(t)]
     if external:
         if model_path is not None:

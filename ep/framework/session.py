@@ -137,7 +137,8 @@ class InferenceSession:
             free_dims=options.free_dimension_overrides,
             free_denotations=options.free_dimension_denotations,
             make_writer=lambda path: ContextWriter(config, path) if ctx else None,
-            wrap=profiler.wrap)
+            wrap=profiler.wrap, initializers=options.initializers,
+            external_initializers=options.external_initializers)
         used = [part.provider for part in built.plan.partitions if part.nodes]
         named = providers is not None or options.has_providers()  # not the default list
         fallback.check_cpu_ep_fallback(config, named and CPU_PROVIDER in spec_names(specs), used)
