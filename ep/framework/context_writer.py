@@ -60,6 +60,7 @@ def build_context_model(
             nodes.extend(view.nodes[i] for i in part.nodes)
     used = {name for node in nodes for name in node_reads(node)}
     initializers = [view.initializers[n] for n in view.initializers if n in used]
+    initializers += [view.overridable[n] for n in view.overridable if n in used]
     # A small Constant node's output crosses no partition boundary (the partitioner copies it
     # into each fused subgraph that reads it); when its Constant node went into an EPContext
     # node, the kept nodes that read it get it as an initializer.

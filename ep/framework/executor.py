@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from ..errors import EPFail, InvalidArgument, RuntimeException
 from .graph import GraphView
@@ -44,6 +44,7 @@ class PlanExecutor:
                                                  dict[int, tuple[bool, ...]]]] = {}
         self.last_ran: list[str] = []
         """Names of the partitions the latest run executed, in order."""
+        self._defaults: dict[str, np.ndarray] = {}  # overridable initializers' values, decoded
 
     def _schedule(self, wanted: tuple[str, ...]
                   ) -> tuple[list[int], dict[str, int], dict[int, tuple[bool, ...]]]:
@@ -116,6 +117,12 @@ class PlanExecutor:
     def _value(self, env: dict[str, np.ndarray], name: str) -> np.ndarray:
         if name in env:
             return env[name]
+        if name in self.graph.overridable:  # not fed: the initializer's value
+            value = self._defaults.get(name)
+            if value is None:
+                value = self._defaults[name] = numpy_helper.to_array(
+                    self.graph.overridable[name])
+            return value
         value = self.graph.constant(name)
         if value is None:
             raise EPFail(f"tensor {name!r} was needed before any partition produced it")
@@ -172,7 +179,7 @@ def check_feeds(graph: GraphView, feeds: Mapping[str, Any]) -> dict[str, Any]:
     check_present(graph, feeds)
     out: dict[str, Any] = {n: None for n in graph.inputs if n not in feeds}
     for name, raw in feeds.items():
-        if name not in graph.inputs:
+        if name not in graph.inputs and name not in graph.overridable:
             raise InvalidArgument(f"Invalid input name: {name}")
         vi = graph.value_info(name)
         if vi is None or not vi.type.HasField("tensor_type"):

@@ -109,6 +109,9 @@ class GraphView:
     nodes: list[onnx.NodeProto]
     names: list[str]
     initializers: dict[str, onnx.TensorProto]
+    """The constant initializers (overridable ones excluded)."""
+    overridable: dict[str, onnx.TensorProto]
+    """Initializers the graph also lists as inputs, by name: a run may feed them."""
     inputs: list[str]
     outputs: list[str]
     assigned: frozenset[int]
@@ -153,8 +156,15 @@ class GraphView:
         self.model = model
         self.graph = model.graph
         self.assigned = frozenset()
-        self.initializers = {t.name: t for t in self.graph.initializer}
-        self.inputs = [i.name for i in self.graph.input if i.name not in self.initializers]
+        initializers = {t.name: t for t in self.graph.initializer}
+        # An initializer the graph also lists as an input is onnxruntime's overridable
+        # initializer: a run may feed it, so it is an input with a default, never a constant.
+        # Not in IR 3, which lists every initializer as an input and lets a run feed none.
+        self.overridable = {i.name: initializers.pop(i.name) for i in self.graph.input
+                            if i.name in initializers} if model.ir_version >= 4 else {}
+        self.initializers = initializers
+        self.inputs = [i.name for i in self.graph.input
+                       if i.name not in initializers and i.name not in self.overridable]
         self.outputs = [o.name for o in self.graph.output]
         self._opsets = {_domain(o.domain): o.version for o in model.opset_import}
         self._node_inputs = node_inputs
@@ -209,8 +219,11 @@ class GraphView:
     def value_info(self, tensor: str) -> onnx.ValueInfoProto | None:
         """The (possibly inferred) ValueInfoProto of a tensor, if the model has one."""
         vi = self._value_info.get(tensor)
-        if vi is None and tensor in self.initializers:
-            t = self.initializers[tensor]
+        t = self.initializers.get(tensor)
+        if t is None and tensor in self.overridable and (
+                vi is None or not vi.type.tensor_type.HasField("shape")):
+            t = self.overridable[tensor]  # an input written without its shape
+        if t is not None and (vi is None or tensor in self.overridable):
             return helper.make_tensor_value_info(tensor, t.data_type, list(t.dims))
         return vi
 
@@ -226,8 +239,12 @@ class GraphView:
         return found
 
     def _tensor_type(self, tensor: str) -> tuple[str | None, Shape | None]:
-        if tensor in self.initializers:
-            init = self.initializers[tensor]
+        init = self.initializers.get(tensor)
+        if init is None and tensor in self.overridable:  # the input's shape, else its default's
+            vi = self._value_info.get(tensor)
+            if vi is None or not vi.type.tensor_type.HasField("shape"):
+                init = self.overridable[tensor]
+        if init is not None:
             return _dtype_name(init.data_type), tuple(int(d) for d in init.dims)
         vi = self._value_info.get(tensor)
         if vi is None or not vi.type.HasField("tensor_type"):

@@ -224,9 +224,10 @@ def _restore(optimized: onnx.ModelProto, source: onnx.ModelProto,
     for entry in graph.input:
         if entry.name in required:
             inputs.append(entry)
-        elif entry.name in initialized and entry.name in declared:
-            # An overridable initializer (IR < 4 lists them all): typed by its initializer,
-            # since onnxruntime writes the input without a shape.
+        elif entry.name in initialized and entry.name in declared and source.ir_version >= 4:
+            # An overridable initializer: typed by its initializer, since onnxruntime writes
+            # the input without a shape. IR 3 lists every initializer as an input, and
+            # onnxruntime lets a run feed none of them: they stay initializers only.
             tensor = initialized[entry.name]
             inputs.append(helper.make_tensor_value_info(entry.name, tensor.data_type,
                                                         list(tensor.dims)))

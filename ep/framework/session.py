@@ -278,8 +278,9 @@ class InferenceSession:
         return [node_arg(self._graph, name) for name in self._graph.outputs]
 
     def get_overridable_initializers(self) -> list[NodeArg]:
-        """Initializers that are also graph inputs; feeding them is not supported: empty."""
-        return []
+        """Initializers the graph also lists as inputs, in input order: a run may feed them
+        (their initializer is the value otherwise), as onnxruntime's."""
+        return [node_arg(self._graph, name) for name in self._graph.overridable]
 
     def get_providers(self) -> list[str]:
         """The session's providers, in priority order (``CPUExecutionProvider`` last)."""
