@@ -33,7 +33,10 @@ from ..errors import Fail
 from .tensors import raw_size
 
 _KEYS = ("location", "offset", "length", "checksum")
-_INTEGER = re.compile(r"[+-]?[0-9]+")
+_NUMBERS = {"offset": (re.compile(r"-?[0-9]+"), -(1 << 63), 1 << 63),  # int64
+            "length": (re.compile(r"[0-9]+"), 0, 1 << 64)}  # size_t
+"""How onnxruntime parses ``offset`` and ``length``: the digits and bounds of its integer types
+(no sign but a minus on the offset, no spaces)."""
 
 
 def uses_external_data(tensor: onnx.TensorProto) -> bool:
@@ -137,10 +140,11 @@ def _entries(tensor: onnx.TensorProto) -> tuple[str, int, int | None]:
         text = seen.get(key)
         if text is None:
             return None
-        value = int(text) if _INTEGER.fullmatch(text) else None
-        if value is None or not -(1 << 63) <= value < (1 << 63):
+        pattern, low, high = _NUMBERS[key]
+        value = int(text) if pattern.fullmatch(text) else None
+        if value is None or not low <= value < high:
             raise Fail(f"Failed to parse value: {text!r} (external data {key} of tensor "
-                       f"'{tensor.name}': a decimal 64-bit integer)")
+                       f"'{tensor.name}': a decimal integer in [{low}, {high}))")
         return value
 
     return location, number("offset") or 0, number("length")

@@ -136,6 +136,14 @@ CASES: dict[str, Callable[[Path], Path]] = {
     "an offset past the end": lambda root: edited(saved(root), entry("offset", "100000")),
     "a negative offset": lambda root: edited(saved(root), entry("offset", "-4")),
     "an offset that is not a number": lambda root: edited(saved(root), entry("offset", "abc")),
+    "an offset with a plus sign": lambda root: edited(saved(root), entry("offset", "+0")),
+    "an offset with a space": lambda root: edited(saved(root), entry("offset", " 0")),
+    "an offset past int64": lambda root: edited(saved(root),
+                                                entry("offset", "9223372036854775808")),
+    "a negative length": lambda root: edited(saved(root), entry("length", "-1")),
+    "a basepath entry": lambda root: edited(saved(root), entry("basepath", str(root))),
+    "a location through a subfolder": lambda root: (root / "sub").mkdir(parents=True) or edited(
+        saved(root), entry("location", "sub/../m.data")),
     "an unaligned offset": lambda root: edited(saved(root), entry("offset", "3")),
     "a length that is not the tensor's": lambda root: edited(saved(root), entry("length", "12")),
     "a length too large to parse": lambda root: edited(
