@@ -33,6 +33,8 @@ from ..errors import Fail
 from .tensors import raw_size
 
 _KEYS = ("location", "offset", "length", "checksum")
+_CHUNK = 1 << 30
+"""The most bytes one read asks for."""
 _NUMBERS = {"offset": (re.compile(r"-?[0-9]+"), -(1 << 63), 1 << 63),  # int64
             "length": (re.compile(r"[0-9]+"), 0, 1 << 64)}  # size_t
 """How onnxruntime parses ``offset`` and ``length``: the digits and bounds of its integer types
@@ -104,17 +106,26 @@ def load(external: Iterable[onnx.TensorProto], folder: str, model_file: str | No
                 raise Fail(f"Deserialize tensor {tensor.name} failed. External initializer: "
                            f"{tensor.name} offset: {offset} size to read: {count} given "
                            f"file_length: {size} are out of bounds or can not be read in full.")
-            data = os.pread(fd, count, offset)
-            if len(data) != count:  # the file shrank since it was opened
-                raise Fail(f"Deserialize tensor {tensor.name} failed. External initializer: "
-                           f"{tensor.name}: read {len(data)} of {count} bytes at offset "
-                           f"{offset} of {path!r}")
-            tensor.raw_data = data
+            tensor.raw_data = _read(tensor.name, fd, count, offset, path)
             del tensor.external_data[:]
             tensor.data_location = onnx.TensorProto.DEFAULT
     finally:
         for fd, _ in files.values():
             os.close(fd)
+
+
+def _read(name: str, fd: int, count: int, offset: int, path: str) -> bytes:
+    """``count`` bytes of ``fd`` from ``offset``, in reads of at most :data:`_CHUNK` (Linux
+    reads at most 2 GiB a call: a larger tensor would come back short)."""
+    chunks, done = [], 0
+    while done < count:
+        chunk = os.pread(fd, min(count - done, _CHUNK), offset + done)
+        if not chunk:  # the file shrank since it was opened
+            raise Fail(f"Deserialize tensor {name} failed. External initializer: {name}: read "
+                       f"{done} of {count} bytes at offset {offset} of {path!r}")
+        chunks.append(chunk)
+        done += len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _entries(tensor: onnx.TensorProto) -> tuple[str, int, int | None]:

@@ -256,3 +256,15 @@ def test_the_testing_kit_reads_a_model_path_as_a_session_does(tmp_path):
     assert got is not None and got[0].shape == (2, 8)
     with pytest.raises(ep.Fail, match="escapes model directory"):
         assert_matches_onnxruntime(str(linked_model(tmp_path / "link", data_too=False)), FEED)
+
+
+def test_a_tensor_is_read_in_chunks_when_it_is_larger_than_one_read(tmp_path, monkeypatch):
+    """Linux reads at most 2 GiB a call: a larger tensor is read in several (here of 7 bytes,
+    so every tensor of MODEL takes many), and comes back whole."""
+    from ep.framework import external_data
+
+    monkeypatch.setattr(external_data, "_CHUNK", 7)
+    path = str(saved(tmp_path))
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, FEED)
+    got = ep.InferenceSession(path).run(None, FEED)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)
