@@ -181,9 +181,11 @@ def _checked_path(name: str, folder: str, location: str, allowed: str) -> str:
 
 
 def _open(name: str, path: str) -> tuple[int, int]:
-    """A read-only descriptor of the regular file ``path`` and its size."""
+    """A read-only descriptor of the regular file ``path`` and its size. Opened without
+    blocking: a FIFO there is refused as onnxruntime refuses it, not waited on forever."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise Fail(f"Deserialize tensor {name} failed. cannot open external data file "
                    f"{path!r}: {exc.strerror}") from None

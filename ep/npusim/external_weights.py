@@ -39,6 +39,7 @@ import hashlib
 import json
 import mmap
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -335,11 +336,16 @@ def _check_meta(ref: ExternalRef, path: Path, meta: dict[str, tuple[str, int]]) 
 
 
 def _map(path: Path) -> mmap.mmap:
+    """The file at ``path`` mapped read-only. Opened without blocking, so a FIFO put there is
+    refused as not a regular file instead of waiting for a writer that never comes."""
     try:
-        with open(path, "rb") as f:
-            if not os.path.isfile(path):
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+        with open(fd, "rb") as f:
+            status = os.fstat(f.fileno())
+            if not stat.S_ISREG(status.st_mode):
                 raise IsADirectoryError(21, "not a regular file")
-            if os.fstat(f.fileno()).st_size == 0:
+            if status.st_size == 0:
                 raise InvalidGraph(f"external weight file {str(path)!r} is empty (truncated)")
             return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except OSError as exc:

@@ -697,3 +697,20 @@ def test_a_2_0_file_without_graph_digests_still_reads(sample):
     binary = ContextBinary.from_bytes(reseal(data))
     assert binary.programs() == sample_programs()
     assert {binary.graph_digest(name) for name in binary.graph_names()} == {None}
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_given_as_a_context_binary_is_refused_at_once(tmp_path):
+    """``ContextBinary.open`` opens without blocking: a FIFO is not a regular file, refused at
+    once instead of waiting for a writer."""
+    import time
+
+    from tests.ep.test_external_data import _fifo_in_place_of
+
+    path = tmp_path / "m_npusim.bin"
+    path.write_bytes(b"")
+    _fifo_in_place_of(path)
+    start = time.monotonic()
+    with pytest.raises(InvalidGraph, match="not a regular file"):
+        ContextBinary.open(path)
+    assert time.monotonic() - start < 3, "the open waited on the FIFO"

@@ -9,7 +9,10 @@ refuses, the session must refuse with the same error class.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -268,3 +271,32 @@ def test_a_tensor_is_read_in_chunks_when_it_is_larger_than_one_read(tmp_path, mo
     want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, FEED)
     got = ep.InferenceSession(path).run(None, FEED)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)
+
+
+def _fifo_in_place_of(path: Path) -> threading.Thread:
+    """``path`` replaced by a FIFO, and a thread that opens it for writing after 5 s (so that
+    a reader that blocks on it fails the test late instead of hanging it)."""
+    path.unlink()
+    os.mkfifo(path)
+
+    def unblock() -> None:
+        time.sleep(5)
+        with contextlib.suppress(OSError):
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+    thread = threading.Thread(target=unblock, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_in_place_of_the_data_is_refused_at_once(tmp_path):
+    """Opening a FIFO for reading waits for a writer: the load opens without blocking and
+    refuses it as onnxruntime does (not a regular file)."""
+    path = str(saved(tmp_path))
+    _fifo_in_place_of(tmp_path / "m.data")
+    want = outcome(lambda: ort.InferenceSession(path, providers=["CPUExecutionProvider"]))
+    start = time.monotonic()
+    got = outcome(lambda: ep.InferenceSession(path))
+    assert time.monotonic() - start < 3, "the load waited on the FIFO"
+    assert want == got == "Fail"

@@ -289,3 +289,20 @@ def test_model_compiler_and_a_sharing_group_write_external_weights(tmp_path):
             check_matches(tmp_path / f"{name}_ctx.onnx", source)
     finally:
         workspace().reset()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_in_place_of_a_weight_file_is_refused_at_once(tmp_path):
+    """A weight file replaced by a FIFO: the load opens it without blocking and refuses it
+    (not a regular file) instead of waiting for a writer."""
+    import time
+
+    from tests.ep.test_external_data import _fifo_in_place_of
+
+    model = matmul_add(k=64, n=32, seed=3)
+    listed = generate(tmp_path, "m", model, "1").get_external_weight_files()
+    _fifo_in_place_of(Path(listed[0].path))
+    start = time.monotonic()
+    with pytest.raises(InvalidGraph, match="not a regular file"):
+        ep.InferenceSession(str(tmp_path / "m_ctx.onnx"))
+    assert time.monotonic() - start < 3, "the load waited on the FIFO"
