@@ -387,3 +387,33 @@ def test_model_sources_as_onnxruntime_takes_them(tmp_path, source) -> None:
         ep.InferenceSession(given, providers=NPU)
     assert type(ours.value).__name__ == type(theirs.value).__name__
     assert str(ours.value) == str(theirs.value)
+
+
+WIDE = np.linspace(-3, 3, 24, dtype=np.float32).reshape(4, 6)
+LAYOUTS = {
+    "Fortran order": lambda: np.asfortranarray(WIDE[:2, :3]),
+    "strided": lambda: WIDE[::2, ::2],
+    "negative strides": lambda: WIDE[:2, :3][::-1, ::-1],
+    "read-only": lambda: np.frombuffer(WIDE[:2, :3].tobytes(), np.float32).reshape(2, 3),
+    "broadcast (zero strides)": lambda: np.broadcast_to(WIDE[0, :3], (2, 3)),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_feeds_of_any_memory_layout_give_onnxruntimes_values(sessions, layout):
+    reference, npu = sessions
+    x = LAYOUTS[layout]()
+    for got, want in zip(npu.run(None, {"x": x}), reference.run(None, {"x": x}), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_feed_in_non_native_byte_order_is_refused(sessions):
+    """onnxruntime reads a big-endian array's bytes as little-endian and computes with those
+    values, silently: the session refuses it, naming the type. Should onnxruntime ever read it
+    right, the second assertion says so."""
+    reference, npu = sessions
+    swapped = X.astype(X.dtype.newbyteorder())
+    with pytest.raises(ep.InvalidArgument, match="Unexpected input data type"):
+        npu.run(None, {"x": swapped})
+    assert not np.allclose(reference.run(None, {"x": swapped})[0],
+                           reference.run(None, {"x": X})[0])
