@@ -23,13 +23,13 @@ from __future__ import annotations
 import math
 import os
 import re
-import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import onnx
 
 from ..errors import Fail
+from .files import NotRegularFile, open_regular
 from .tensors import raw_size
 
 _KEYS = ("location", "offset", "length", "checksum")
@@ -181,19 +181,16 @@ def _checked_path(name: str, folder: str, location: str, allowed: str) -> str:
 
 
 def _open(name: str, path: str) -> tuple[int, int]:
-    """A read-only descriptor of the regular file ``path`` and its size. Opened without
-    blocking: a FIFO there is refused as onnxruntime refuses it, not waited on forever."""
+    """A read-only descriptor of the regular file ``path`` (:func:`.files.open_regular`: a
+    FIFO there is refused, not waited on) and its size."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
-                     | getattr(os, "O_CLOEXEC", 0))
+        fd, status = open_regular(path)
+    except NotRegularFile:
+        raise Fail(f"Deserialize tensor {name} failed. Random-access reads require a regular "
+                   f"file: {path}") from None
     except OSError as exc:
         raise Fail(f"Deserialize tensor {name} failed. cannot open external data file "
                    f"{path!r}: {exc.strerror}") from None
-    status = os.fstat(fd)
-    if not stat.S_ISREG(status.st_mode):
-        os.close(fd)
-        raise Fail(f"Deserialize tensor {name} failed. Random-access reads require a regular "
-                   f"file: {path}")
     return fd, status.st_size
 
 

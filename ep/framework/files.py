@@ -10,6 +10,10 @@ A process killed mid-write (``kill -9``) cannot remove its temporary file. Tempo
 therefore named after the writing process (``.<target>.npusim-<pid>-<random>.tmp``), and
 :func:`remove_stale_temporaries`, run before each generation into a folder, removes those whose
 process is gone.
+
+Files a model refers to (external data, weight files, context binaries) are opened with
+:func:`open_regular`: without blocking, and refused unless regular, so a FIFO put in a file's
+place is an error at once, not a wait for a writer that never comes.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import contextlib
 import os
 import re
 import shutil
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -26,6 +31,28 @@ from npu_sim.files import write_atomic
 from ..errors import Fail
 
 _TEMP = re.compile(r"^\..*\.?npusim-(\d+)-[^/]*(\.tmp)?$")
+
+
+class NotRegularFile(OSError):
+    """A path :func:`open_regular` refused: not a regular file (a folder, a FIFO, a device)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(0, "not a regular file", os.fspath(path))
+
+
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def open_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of the regular file ``path`` and its status. Opened without
+    blocking (reads of a regular file never block anyway); anything else is closed again and
+    :class:`NotRegularFile`. Any other failure is the ``OSError`` of ``os.open``."""
+    fd = os.open(path, _READ_FLAGS)
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode):
+        os.close(fd)
+        raise NotRegularFile(path)
+    return fd, status
 
 
 def temp_prefix(name: str = "") -> str:

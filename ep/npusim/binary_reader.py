@@ -23,13 +23,13 @@ import contextlib
 import itertools
 import mmap
 import os
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 from ep.errors import InvalidArgument, InvalidGraph
+from ep.framework.files import open_regular
 from firmware_model.program import Program
 from firmware_model.validate import validate_structure
 
@@ -280,10 +280,6 @@ def remember(path: str | os.PathLike[str] | None = None, *,
         _release(mapping)
 
 
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-"""How a context binary is opened: read-only, and without blocking (a FIFO put in its place
-would wait for a writer that never comes)."""
-
 class ContextBinary:
     """A validated context binary: its header, section table and one program per graph.
 
@@ -375,13 +371,10 @@ class ContextBinary:
         and unchanged since are not read again (:mod:`~ep.npusim.verified_files`) unless
         ``recheck``.
         """
-        try:  # without blocking: a FIFO is refused below, not waited on for a writer
-            with open(os.open(path, _OPEN_FLAGS), "rb") as f:
-                clock = time.time_ns()
-                status = os.fstat(f.fileno())
-                if not stat.S_ISREG(status.st_mode):
-                    raise InvalidGraph(f"cannot open context binary {os.fspath(path)!r}: not "
-                                       "a regular file")
+        try:  # a FIFO there is refused, not waited on (open_regular)
+            clock = time.time_ns()
+            fd, status = open_regular(path)
+            with open(fd, "rb") as f:
                 size = status.st_size
                 mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
         except OSError as exc:

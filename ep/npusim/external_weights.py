@@ -39,7 +39,6 @@ import hashlib
 import json
 import mmap
 import os
-import stat
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -48,7 +47,7 @@ from pathlib import Path, PurePosixPath
 from firmware_model.upload import drop_resident
 
 from ..errors import Fail, InvalidArgument, InvalidGraph
-from ..framework.files import atomic_write, remove_stale_temporaries
+from ..framework.files import atomic_write, open_regular, remove_stale_temporaries
 
 META = "meta.json"
 LOCK = ".meta.lock"
@@ -336,15 +335,11 @@ def _check_meta(ref: ExternalRef, path: Path, meta: dict[str, tuple[str, int]]) 
 
 
 def _map(path: Path) -> mmap.mmap:
-    """The file at ``path`` mapped read-only. Opened without blocking, so a FIFO put there is
-    refused as not a regular file instead of waiting for a writer that never comes."""
+    """The regular file at ``path`` mapped read-only (:func:`~ep.framework.files.open_regular`:
+    a FIFO there is refused, not waited on)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
-                     | getattr(os, "O_CLOEXEC", 0))
+        fd, status = open_regular(path)
         with open(fd, "rb") as f:
-            status = os.fstat(f.fileno())
-            if not stat.S_ISREG(status.st_mode):
-                raise IsADirectoryError(21, "not a regular file")
             if status.st_size == 0:
                 raise InvalidGraph(f"external weight file {str(path)!r} is empty (truncated)")
             return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
