@@ -219,13 +219,20 @@ class GraphView:
     def value_info(self, tensor: str) -> onnx.ValueInfoProto | None:
         """The (possibly inferred) ValueInfoProto of a tensor, if the model has one."""
         vi = self._value_info.get(tensor)
-        t = self.initializers.get(tensor)
-        if t is None and tensor in self.overridable and (
-                vi is None or not vi.type.tensor_type.HasField("shape")):
-            t = self.overridable[tensor]  # an input written without its shape
-        if t is not None and (vi is None or tensor in self.overridable):
-            return helper.make_tensor_value_info(tensor, t.data_type, list(t.dims))
-        return vi
+        t = self._typed_by(tensor)
+        if t is None or (vi is not None and tensor in self.initializers):
+            return vi
+        return helper.make_tensor_value_info(tensor, t.data_type, list(t.dims))
+
+    def _typed_by(self, tensor: str) -> onnx.TensorProto | None:
+        """The initializer whose type and dims are ``tensor``'s: a constant's own, or an
+        overridable one's when its graph input is written without a shape."""
+        init = self.initializers.get(tensor)
+        if init is None and tensor in self.overridable:
+            vi = self._value_info.get(tensor)
+            if vi is None or not vi.type.tensor_type.HasField("shape"):
+                init = self.overridable[tensor]
+        return init
 
     def tensor_type(self, tensor: str) -> tuple[str | None, Shape | None]:
         """Device dtype name (None if unknown or not a device dtype) and shape.
@@ -239,11 +246,7 @@ class GraphView:
         return found
 
     def _tensor_type(self, tensor: str) -> tuple[str | None, Shape | None]:
-        init = self.initializers.get(tensor)
-        if init is None and tensor in self.overridable:  # the input's shape, else its default's
-            vi = self._value_info.get(tensor)
-            if vi is None or not vi.type.tensor_type.HasField("shape"):
-                init = self.overridable[tensor]
+        init = self._typed_by(tensor)
         if init is not None:
             return _dtype_name(init.data_type), tuple(int(d) for d in init.dims)
         vi = self._value_info.get(tensor)

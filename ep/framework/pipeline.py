@@ -99,8 +99,8 @@ def construct(
     ``external_initializers``: the ``OrtValue``s of ``SessionOptions.add_initializer`` and
     ``add_external_initializers`` (:mod:`.initializers`)."""
     source, model_path, raw = _load(path_or_bytes, config, split=True,
-                                    supplied=initializers or {},
-                                    supplied_external=external_initializers or {})
+                                    supplied=initializers,
+                                    supplied_external=external_initializers)
     weights = check_model_tensors(source, raw)
     writer = make_writer(model_path)
     provider_config = writer.provider_config() if writer is not None else dict(config)
