@@ -43,11 +43,14 @@ def outcome(make) -> tuple[str, bytes] | str:
 @pytest.mark.parametrize("name", list(PACKED))
 @pytest.mark.parametrize("count", [1, 3, 4, 5, 8])
 def test_packed_sizes_are_onnxs(name, count):
-    bits = PACKED[name]
+    """onnx's make_tensor takes exactly ``raw_size`` bytes: its own size check refuses a byte
+    more or less."""
     data_type = getattr(TensorProto, name)
-    assert raw_size(data_type, count) == (count * bits + 7) // 8
-    raw = bytes(range(17, 17 + raw_size(data_type, count)))
-    helper.make_tensor("c", data_type, [count], raw, raw=True)  # onnx's own size check
+    size = raw_size(data_type, count)
+    helper.make_tensor("c", data_type, [count], bytes(size), raw=True)
+    for wrong in (size - 1, size + 1):
+        with pytest.raises(ValueError, match="Raw data size does not match"):
+            helper.make_tensor("c", data_type, [count], bytes(wrong), raw=True)
 
 
 FIRST_ERROR = pytest.mark.xfail(strict=True, reason=(
