@@ -26,6 +26,7 @@ from .errors import (
 )
 from .framework.io_binding import IOBinding
 from .framework.model_compiler import ModelCompiler, OrtCompileApiFlags
+from .framework.node_args import NodeArg
 from .framework.options import (
     ExecutionMode,
     ExecutionOrder,
@@ -36,7 +37,6 @@ from .framework.run_options import RunOptions
 from .framework.session import (
     InferenceSession,
     ModelMetadata,
-    NodeArg,
     get_all_providers,
     get_available_providers,
     get_device,

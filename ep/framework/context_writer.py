@@ -71,8 +71,11 @@ def build_context_model(
               if i.name not in view.initializers or i.name in used]
     io = {i.name for i in source.graph.input} | {o.name for o in source.graph.output}
     produced = [o for node in nodes for o in node.output if o and o not in io]
-    value_info = [vi for vi in (view.value_info(n) for n in produced) if vi is not None]
-    graph = helper.make_graph(nodes, source.graph.name, inputs, list(source.graph.output),
+    # Types as onnxruntime's graph holds them: no dim by a name ONNX's inference made up.
+    value_info = [view.as_onnxruntime_holds(vi) for vi in map(view.value_info, produced)
+                  if vi is not None]
+    outputs = [view.as_onnxruntime_holds(vi) for vi in source.graph.output]
+    graph = helper.make_graph(nodes, source.graph.name, inputs, outputs,
                               initializer=[_inline(t) for t in initializers],
                               value_info=value_info, doc_string=source.graph.doc_string)
     opsets = [o for o in source.opset_import if o.domain != MS_DOMAIN]

@@ -35,7 +35,7 @@ from npu_sim import dtypes
 from npu_sim.errors import ConfigError
 
 from ..errors import InvalidGraph
-from .shapes import infer_shapes
+from .shapes import INVENTED, infer_shapes
 
 Shape = tuple[int | str | None, ...]
 
@@ -106,6 +106,7 @@ class GraphView:
 
     model: onnx.ModelProto
     graph: onnx.GraphProto
+    _named_unknowns: frozenset[str] = frozenset()
     nodes: list[onnx.NodeProto]
     names: list[str]
     initializers: dict[str, onnx.TensorProto]
@@ -148,7 +149,9 @@ class GraphView:
             del graph.node[:]
             graph.node.extend(nodes)  # sorted before inference, which walks nodes in file order
         view = cls()
+        named = _named_unknowns(graph)  # before inference adds its own
         view._build(_infer_shapes(model), [node_inputs[k] for k in order], weights or {})
+        view._named_unknowns = named
         return view
 
     def _build(self, model: onnx.ModelProto, node_inputs: list[list[str]],
@@ -198,6 +201,23 @@ class GraphView:
         view.__dict__.update(self.__dict__)
         view.assigned = frozenset(assigned)
         return view
+
+    def invented(self, dim: int | str | None) -> bool:
+        """Whether ``dim`` is a name ONNX shape inference gave an unknown dim (``unk__N``),
+        not one the model uses itself."""
+        return isinstance(dim, str) and dim.startswith(INVENTED) and dim not in self._named_unknowns
+
+    def as_onnxruntime_holds(self, vi: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
+        """``vi`` with every dim it has by an :meth:`invented` name unknown again, as
+        onnxruntime's graph holds it (a copy when there is one)."""
+        if not any(self.invented(d.dim_param) for d in vi.type.tensor_type.shape.dim):
+            return vi
+        held = onnx.ValueInfoProto()
+        held.CopyFrom(vi)
+        for d in held.type.tensor_type.shape.dim:
+            if self.invented(d.dim_param):
+                d.ClearField("dim_param")
+        return held
 
     def opset(self, domain: str = "") -> int:
         """The model's opset version for ``domain`` (``"ai.onnx"`` is ``""``); 0 if not imported."""
@@ -332,6 +352,13 @@ def _apply_dim_overrides(graph: onnx.GraphProto, overrides: Mapping[str, int]) -
         for dim in vi.type.tensor_type.shape.dim:
             if dim.HasField("dim_param") and dim.dim_param in overrides:
                 dim.dim_value = int(overrides[dim.dim_param])
+
+
+def _named_unknowns(graph: onnx.GraphProto) -> frozenset[str]:
+    """The dim names of the graph's declared types that look like ONNX's invented ones."""
+    return frozenset(
+        d.dim_param for vi in (*graph.input, *graph.output, *graph.value_info)
+        for d in vi.type.tensor_type.shape.dim if d.dim_param.startswith(INVENTED))
 
 
 def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -42,11 +42,11 @@ from ..errors import EPFail, Fail, InvalidArgument, RuntimeException
 from . import fallback, optimized_model
 from .assignment import EpAssignedSubgraph, assignment_info
 from .context_writer import ContextWriter
-from .executor import PlanExecutor, check_present, type_string
+from .executor import PlanExecutor, check_present
 from .files import atomic_write
 from .gc_pause import creation
-from .graph import GraphView, dims
 from .io_binding import IOBinding, as_arrays
+from .node_args import NodeArg, node_arg
 from .options import EP_CONTEXT_ENABLE, SessionOptions, config_flag
 from .pipeline import construct
 from .provider import CompiledNode
@@ -406,28 +406,6 @@ class ModelMetadata:
     graph_description: str
     version: int
     custom_metadata_map: dict[str, str]
-
-
-@dataclass(frozen=True)
-class NodeArg:
-    """A graph input or output as onnxruntime describes it: name, ``"tensor(float)"``-style
-    type, and shape (ints, dim_param strings, None for unknown dims)."""
-
-    name: str
-    type: str
-    shape: list[int | str | None]
-
-    def __repr__(self) -> str:
-        return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape})"
-
-
-def node_arg(graph: GraphView, name: str) -> NodeArg:
-    """The :class:`NodeArg` of tensor ``name`` of ``graph``."""
-    vi = graph.value_info(name)
-    if vi is None or not vi.type.HasField("tensor_type"):
-        return NodeArg(name, "tensor(undefined)", [])
-    tt = vi.type.tensor_type
-    return NodeArg(name, type_string(tt.elem_type), list(dims(tt.shape)))
 
 
 class _TimedNode(CompiledNode):

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 
 from ep.framework.graph import GraphView
 from ep.framework.provider import ComputeCapability
+from ep.framework.shapes import INVENTED
 
 from .ops import OpSupport
 from .ops.catalogue import ALL, BOOL, FLOATS, INTS, MAX_OPSET, NUMERIC, SupportTable
@@ -32,8 +33,6 @@ from .ops.rules import is_dead, live_outputs, require_constant
 
 __all__ = ["ALL", "BOOL", "FLOATS", "INTS", "MAX_OPSET", "NUMERIC", "SUPPORT_TABLE", "OpSupport",
            "check_node", "get_npu_capability", "is_dead"]
-
-_INFERRED = "unk__"  # prefix of the dim_params ONNX shape inference invents for unknown dims
 
 SUPPORT_TABLE: Mapping[str, OpSupport] = SupportTable()
 """op_type -> what the NPU supports of it (ops of the default ONNX domain), read live from the
@@ -99,7 +98,7 @@ def _static(graph: GraphView, tensor: str, role: str) -> str | None:
         return (f"unknown shape of {role} '{tensor}': ONNX shape inference could not determine "
                 f"it; the NPU needs static shapes")
     for k, dim in enumerate(shape):
-        if isinstance(dim, str) and not dim.startswith(_INFERRED):
+        if isinstance(dim, str) and not dim.startswith(INVENTED):
             return f"dynamic dimension '{dim}' on {role} '{tensor}'; set a dim override"
         if not isinstance(dim, int):
             return f"unknown dimension {k} on {role} '{tensor}'"
