@@ -197,7 +197,7 @@ def check_feeds(graph: GraphView, feeds: Mapping[str, Any]) -> dict[str, Any]:
             shown = type_string(actual) if actual else f"numpy {value.dtype}"
             raise InvalidArgument(f"Unexpected input data type. Actual: ({shown}) , expected: "
                                   f"({type_string(tt.elem_type)})")
-        if tt.HasField("shape"):
+        if tt.shape.dim:  # onnxruntime checks no shape declared with no dims (a scalar)
             dims = list(tt.shape.dim)
             if len(dims) != value.ndim:
                 raise InvalidArgument(

@@ -195,3 +195,35 @@ def test_an_epcontext_model_declares_no_invented_dim(tmp_path) -> None:
     np.testing.assert_array_equal(loaded.run(None, {"X": X3 - 0.5})[0],
                                   theirs.run(None, {"X": X3 - 0.5})[0])
 
+
+def scalar_input_model() -> bytes:
+    """``Y = X + relu(S)``, ``S`` declared a scalar (a shape with no dims)."""
+    nodes = [h.make_node("Relu", ["S"], ["R"]), h.make_node("Add", ["X", "R"], ["Y"])]
+    return make(nodes, [tensor("X", shape=[2, 3]), tensor("S", shape=[])],
+                [tensor("Y")]).SerializeToString()
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (1, 1), (2, 3)], ids=str)
+def test_an_input_declared_a_scalar_takes_a_feed_of_any_shape(shape) -> None:
+    """onnxruntime checks no shape for an input declared with no dims: a scalar input fed
+    ``np.array([t])`` runs (the session refused it: "Invalid rank for input")."""
+    feeds = {"X": X3[:2], "S": np.full(shape, -0.5 if shape == () else 0.25, np.float32)}
+    theirs = ort.InferenceSession(scalar_input_model(), providers=["CPUExecutionProvider"])
+    ours = ep.InferenceSession(scalar_input_model(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(ours.run(None, feeds)[0], theirs.run(None, feeds)[0])
+
+
+def test_an_npu_partition_compiled_for_a_scalar_fails_another_shape_as_an_ep_fault(
+        capsys) -> None:
+    """The NPU compiled ``relu(S)`` for the declared scalar; fed ``(1,)``, the run is an
+    ``EP_FAIL`` naming both shapes, as an EP compiled for static shapes fails in onnxruntime,
+    and onnxruntime's EP-error fallback runs it on the CPU provider, with its values."""
+    feeds = {"X": X3[:2], "S": np.full((1,), 0.25, np.float32)}
+    strict = ep.InferenceSession(scalar_input_model(), enable_fallback=0)
+    assert set(strict.get_node_assignment().values()) == {"NpuSimExecutionProvider"}
+    with pytest.raises(ep.EPFail, match=r"expected shape \(\) float32, got shape \(1,\)"):
+        strict.run(None, feeds)
+    theirs = ort.InferenceSession(scalar_input_model(), providers=["CPUExecutionProvider"])
+    falls_back = ep.InferenceSession(scalar_input_model())
+    np.testing.assert_array_equal(falls_back.run(None, feeds)[0], theirs.run(None, feeds)[0])
+    assert "Falling back to ['CPUExecutionProvider'] and retrying." in capsys.readouterr().out
