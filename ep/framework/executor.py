@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+from onnxruntime import OrtValue
 
 from ..errors import EPFail, InvalidArgument, RuntimeException
 from .graph import GraphView
@@ -142,9 +143,11 @@ def tensor_feed(name: str, raw: Any, elem_type: int) -> np.ndarray:
     is; a list made an array of the input's type (``[1.5, 2.7]`` for int64 is ``[1, 2]``; a
     string input takes ``str`` of each element); anything else is its ``RuntimeError``
     (:class:`~ep.errors.RuntimeException`): a scalar, numpy's included, or a tuple, string or
-    buffer."""
+    buffer. onnxruntime's own ``OrtValue`` of a tensor is taken as its array."""
     if isinstance(raw, np.ndarray):
         return raw
+    if isinstance(raw, OrtValue) and raw.is_tensor():
+        return raw.numpy()
     if isinstance(raw, list):
         try:
             if elem_type == onnx.TensorProto.STRING:

@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from onnxruntime import OrtValue
 
+from ..errors import NotImplemented as OrtNotImplemented
 from ..errors import OrtError, RuntimeException
 
 if TYPE_CHECKING:
+    from .graph import GraphView
     from .session import InferenceSession
 
 
@@ -55,6 +57,25 @@ def cpu_array(device_type: str, element_type: Any, shape: Sequence[int],
     return np.frombuffer(raw, dtype).reshape(tuple(int(d) for d in shape))
 
 
+def owned(value: Any, graph: GraphView, name: str) -> OrtValue:
+    """Output ``name`` of a run, ``value``, as an ``OrtValue`` of memory its own, of the
+    output's ONNX type, as onnxruntime's runs make them: ``numpy()`` of it is a view that keeps
+    that memory alive. (``ortvalue_from_numpy``'s is not: it views ``value``, which only the
+    Python ``OrtValue`` holds, so ``[v.numpy() for v in run_with_ort_values(...)]`` read freed
+    memory.) onnxruntime's Python API makes no string ``OrtValue`` and no sequence or map:
+    those are ``NotImplemented``."""
+    vi = graph.value_info(name)
+    elem_type = vi.type.tensor_type.elem_type if vi is not None else 0
+    if not isinstance(value, np.ndarray) or value.dtype.hasobject or not elem_type:
+        kind = "string tensor" if isinstance(value, np.ndarray) else type(value).__name__
+        raise OrtNotImplemented(f"output {name!r} is a {kind}: an OrtValue of it cannot be made "
+                                "here (onnxruntime's Python API makes tensors of numbers only); "
+                                "run() returns it")
+    out = OrtValue.ortvalue_from_shape_and_type(value.shape, elem_type)
+    out.update_inplace(value)
+    return out
+
+
 def as_arrays(values: dict[str, Any]) -> dict[str, np.ndarray]:
     """The arrays of a ``{name: OrtValue}`` feed (``run_with_ort_values``)."""
     arrays = {}
@@ -76,7 +97,7 @@ class IOBinding:
         self._input_names = frozenset(i.name for i in session.get_inputs())
         self._inputs: dict[str, Any] = {}  # an array, or an OrtValue read at the run
         self._outputs: dict[str, np.ndarray | OrtValue | None] = {}  # None: allocated by the run
-        self._results: list[OrtValue] = []
+        self._results: list[OrtValue | np.ndarray] = []  # arrays: strings (owned)
 
     def _input_name(self, name: str) -> str:
         if name not in self._input_names:
@@ -124,12 +145,16 @@ class IOBinding:
 
     def get_outputs(self) -> list[OrtValue]:
         """The outputs of the last run, in the order they were bound."""
+        for name, value in zip(self._outputs, self._results, strict=True):
+            if not isinstance(value, OrtValue):
+                owned(value, self._session._graph, name)  # raises its NotImplemented
         return list(self._results)
 
     def copy_outputs_to_cpu(self) -> list[np.ndarray]:
         """Copies of the outputs of the last run, as arrays (an ``OrtValue``'s ``numpy()`` is
         a view of its memory, which the next run's outputs replace)."""
-        return [np.array(value.numpy(), copy=True) for value in self._results]
+        return [np.array(value.numpy() if isinstance(value, OrtValue) else value, copy=True)
+                for value in self._results]
 
     def run(self, run_options: Any = None) -> None:
         """Run the session on the bound inputs, writing or allocating the bound outputs (what
@@ -148,8 +173,9 @@ class IOBinding:
         results = []
         for name, value in zip(names, values, strict=True):
             target = self._outputs[name]
-            if target is None:
-                results.append(OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value)))
+            if target is None:  # an array where an OrtValue cannot be made (owned)
+                results.append(value if isinstance(value, np.ndarray) and value.dtype.hasobject
+                               else owned(value, self._session._graph, name))
                 continue
             bound = target.numpy() if isinstance(target, OrtValue) else target
             if bound.shape != value.shape or bound.dtype != value.dtype:

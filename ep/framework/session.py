@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime
-from onnxruntime import OrtValue
 
 from ..errors import EPFail, Fail, InvalidArgument, RuntimeException
 from . import fallback, optimized_model
@@ -45,7 +44,7 @@ from .context_writer import ContextWriter
 from .executor import PlanExecutor, check_present
 from .files import atomic_write
 from .gc_pause import creation
-from .io_binding import IOBinding, as_arrays
+from .io_binding import IOBinding, as_arrays, owned
 from .node_args import NodeArg, node_arg
 from .options import EP_CONTEXT_ENABLE, SessionOptions, config_flag
 from .pipeline import construct
@@ -203,8 +202,10 @@ class InferenceSession:
         """:meth:`run` with ``OrtValue`` inputs and outputs (onnxruntime's own class, on the
         CPU; :mod:`ep.framework.io_binding`)."""
         feeds = as_arrays(dict(check_mapping(input_dict_ort_values)))
-        return [OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value))
-                for value in self.run(output_names, feeds, run_options)]
+        values = self.run(output_names, feeds, run_options)
+        names = output_names or self._graph.outputs
+        return [owned(value, self._graph, name)
+                for name, value in zip(names, values, strict=True)]
 
     def io_binding(self) -> IOBinding:
         """A new :class:`~ep.framework.io_binding.IOBinding` of this session."""

@@ -156,3 +156,94 @@ def test_a_binding_that_cannot_be_memory_is_refused(both, element_type, shape, p
     with pytest.raises(ep.RuntimeException, match="Error when binding output"):
         binding.bind_output("y", "cpu", 0, element_type, shape,
                             X.ctypes.data if pointer is None else pointer)
+
+
+def scribble() -> list[np.ndarray]:
+    """Allocate and fill what a freed output's memory would be reused for."""
+    return [np.full(n, 777.0, np.float32) for n in (2, 6) for _ in range(200)]
+
+
+def test_an_output_array_outlives_its_ortvalue(both) -> None:
+    """``[v.numpy() for v in ...run_with_ort_values(...)]``, and the same of a binding's
+    outputs: onnxruntime's arrays view memory the ``OrtValue`` owns, kept alive by the view.
+    The session's ``OrtValue``s viewed arrays only the Python object held, so the arrays
+    read freed memory once the list of ``OrtValue``s was dropped."""
+    def act(session):
+        arrays = [v.numpy() for v in session.run_with_ort_values(
+            ["s", "y"], {"x": ort.OrtValue.ortvalue_from_numpy(X)})]
+        binding = session.io_binding()
+        binding.bind_cpu_input("x", X)
+        binding.bind_output("y")
+        session.run_with_iobinding(binding)
+        arrays += [v.numpy() for v in binding.get_outputs()]
+        del binding
+        scribble()
+        return [a.copy() for a in arrays]
+
+    theirs, ours = each(both, act)
+    for a, b in zip(ours, theirs, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("feed", [X, X.astype(np.float64), X[:1], X.T], ids=[
+    "float32", "float64", "one-row", "transposed"])
+def test_run_takes_ortvalue_feeds_as_onnxruntime_does(both, feed) -> None:
+    """onnxruntime's ``run`` takes an ``OrtValue`` for a tensor input, checked as an array."""
+    theirs, ours = each(both, lambda s: s.run(None, {"x": ort.OrtValue.ortvalue_from_numpy(
+        np.ascontiguousarray(feed))}))
+    if isinstance(theirs, Exception):
+        assert type(ours).__name__ == type(theirs).__name__
+        assert ours.message in str(theirs)
+    else:
+        for a, b in zip(ours, theirs, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def cast_to(elem_type: int) -> bytes:
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["y"], to=elem_type)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", elem_type, [2])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]) \
+        .SerializeToString()
+
+
+@pytest.mark.parametrize("elem_type", [TensorProto.FLOAT16, TensorProto.FLOAT8E4M3FN,
+                                       TensorProto.INT64, TensorProto.BOOL],
+                         ids=["float16", "float8e4m3fn", "int64", "bool"])
+def test_an_output_ortvalue_has_the_output_type(elem_type) -> None:
+    """A float8 output is an ``OrtValue`` of ``tensor(float8e4m3fn)`` (its array uint8), as
+    onnxruntime's: the session's said ``tensor(uint8)``."""
+    x = ort.OrtValue.ortvalue_from_numpy(np.array([1.5, 2.0], np.float32))
+    got = []
+    for lib in (ort, ep):
+        session = lib.InferenceSession(cast_to(elem_type), providers=["CPUExecutionProvider"])
+        value = session.run_with_ort_values(None, {"x": x})[0]
+        got.append((value.data_type(), value.numpy().dtype, value.numpy().tolist()))
+    assert got[1] == got[0]
+
+
+def test_a_string_output_is_an_array_not_an_ortvalue() -> None:
+    """onnxruntime's Python API makes no string ``OrtValue``: ``run_with_ort_values`` and a
+    binding's ``get_outputs`` refuse a string output (``NotImplemented``, naming it), where
+    onnxruntime returns one; ``run`` and ``copy_outputs_to_cpu`` give onnxruntime's strings
+    (its own ``copy_outputs_to_cpu`` of a string output crashes the process, 1.32: compared
+    with its ``get_outputs()[0].numpy()``)."""
+    model = cast_to(TensorProto.STRING)
+    x = np.array([1.5, 2.0], np.float32)
+    theirs = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    ours = ep.InferenceSession(model, providers=["CPUExecutionProvider"])
+    with pytest.raises(ep.NotImplemented, match="output 'y' is a string tensor"):
+        ours.run_with_ort_values(None, {"x": ort.OrtValue.ortvalue_from_numpy(x)})
+    outputs = []
+    for session in (theirs, ours):
+        binding = session.io_binding()
+        binding.bind_cpu_input("x", x)
+        binding.bind_output("y")
+        session.run_with_iobinding(binding)
+        outputs.append(binding)
+    want = outputs[0].get_outputs()[0].numpy().tolist()
+    assert outputs[1].copy_outputs_to_cpu()[0].tolist() == want
+    assert ours.run(None, {"x": x})[0].tolist() == want
+    with pytest.raises(ep.NotImplemented, match="output 'y' is a string tensor"):
+        outputs[1].get_outputs()
