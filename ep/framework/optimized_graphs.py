@@ -5,7 +5,8 @@ graph its basic optimization makes: a CPU session created for nothing else, the 
 step of a session's creation (a MobileNet-V3-like model's creation from source: 39.8 ms with
 it, 33.0 kept, alternating in one process). What onnxruntime makes of those bytes depends only
 on them, the free-dimension overrides and onnxruntime itself, so :data:`GRAPHS` keeps the
-result, onnxruntime's serialized output (or None where onnxruntime could not load the model),
+result, onnxruntime's serialized output (or None where onnxruntime could not load the model,
+or the ``InvalidGraph`` it refused it with),
 keyed by the SHA-256 of the exact bytes it was shown and the overrides. A session of a model
 already created in this process (tests, instances, sweeps) parses the kept bytes instead; a
 model differing in any byte onnxruntime sees, a small constant or a name, is another key. The
@@ -21,6 +22,7 @@ import hashlib
 import os
 from collections.abc import Mapping
 
+from ..errors import InvalidGraph
 from .lru import BoundedLru
 
 Key = tuple[bytes, tuple[tuple[str, int], ...]]
@@ -33,12 +35,14 @@ def key(shown: bytes, free_dims: Mapping[str, int]) -> Key:
                                                         for d, v in free_dims.items()))
 
 
-class OptimizedGraphs(BoundedLru[Key, bytes | None]):
-    """onnxruntime's serialized optimized graphs (or None: it refused the model) by :func:`key`:
-    at most ``entries`` of them and ``max_bytes`` of graphs."""
+class OptimizedGraphs(BoundedLru[Key, bytes | InvalidGraph | None]):
+    """onnxruntime's serialized optimized graphs by :func:`key` (or None: it could not load the
+    model; or its ``InvalidGraph``: it found the graph invalid): at most ``entries`` of them
+    and ``max_bytes`` of graphs."""
 
     def __init__(self, entries: int = 32, max_bytes: int = 64 << 20) -> None:
-        super().__init__(entries, max_bytes, lambda _, graph: len(graph or b""))
+        super().__init__(entries, max_bytes,
+                         lambda _, graph: len(graph) if isinstance(graph, bytes) else 0)
 
 
 GRAPHS = OptimizedGraphs()

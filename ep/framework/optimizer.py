@@ -37,11 +37,12 @@ import onnx
 import onnxruntime as ort
 from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
+from onnxruntime.capi.onnxruntime_pybind11_state import InvalidGraph as OrtInvalidGraph
 
 from npu_sim.errors import KernelError
 from npu_sim.kernels import limits
 
-from ..errors import Fail
+from ..errors import Fail, InvalidGraph
 from . import optimized_graphs
 from .lru import MISSING
 from .optimized_graphs import GRAPHS
@@ -74,6 +75,8 @@ def optimize(model: onnx.ModelProto, level: int,
     if written is MISSING:
         written = _optimized_by_onnxruntime(shown, dims)
         GRAPHS.put(k, written)
+    if isinstance(written, InvalidGraph):  # raised anew: no traceback kept in the cache
+        raise InvalidGraph(written.message)
     if written is None:  # onnxruntime cannot load it: partition the model as given
         return model
     try:  # a new graph each time (_restore edits it); every initializer is inline
@@ -83,9 +86,13 @@ def optimize(model: onnx.ModelProto, level: int,
     return _restore(optimized, model, weights, generators, in_place)
 
 
-def _optimized_by_onnxruntime(shown: bytes, free_dims: Mapping[str, int]) -> bytes | None:
+def _optimized_by_onnxruntime(shown: bytes, free_dims: Mapping[str, int]
+                              ) -> bytes | InvalidGraph | None:
     """The serialized graph onnxruntime's basic optimization makes of the serialized model
-    ``shown``, with ``free_dims`` overridden; None when it cannot load it."""
+    ``shown``, with ``free_dims`` overridden; None when it cannot load it (a kernel its CPU
+    provider lacks: another provider may take the node). A graph it finds invalid (an
+    operator or a type no schema has) is its ``InvalidGraph``, returned to be raised:
+    onnxruntime refuses such a graph before any provider sees it."""
     # A file, not a folder, and in memory where the system has a tmpfs: making and removing a
     # temporary folder on this machine's ext4 (mounted with discard) costs ~4 ms, a quarter of
     # a small model's session creation; a file there ~1.5 ms, in /dev/shm ~0.2 ms.
@@ -108,7 +115,9 @@ def _optimized_by_onnxruntime(shown: bytes, free_dims: Mapping[str, int]) -> byt
         try:
             ort.InferenceSession(shown, options, providers=["CPUExecutionProvider"])
             return target.read_bytes()
-        except Exception:  # onnxruntime cannot load it
+        except OrtInvalidGraph as exc:  # its graph checks (types, shapes) come before any EP
+            return InvalidGraph(str(exc).partition("INVALID_GRAPH : ")[2] or str(exc))
+        except Exception:  # onnxruntime cannot load it (a kernel its CPU provider lacks...)
             return None
     finally:
         target.unlink(missing_ok=True)

@@ -227,3 +227,18 @@ def test_an_npu_partition_compiled_for_a_scalar_fails_another_shape_as_an_ep_fau
     falls_back = ep.InferenceSession(scalar_input_model())
     np.testing.assert_array_equal(falls_back.run(None, feeds)[0], theirs.run(None, feeds)[0])
     assert "Falling back to ['CPUExecutionProvider'] and retrying." in capsys.readouterr().out
+
+
+def test_a_type_no_schema_allows_is_refused_as_onnxruntime_refuses_it() -> None:
+    """``Sin`` of a bfloat16 tensor: no ``Sin`` schema takes it, and onnxruntime refuses the
+    model (``INVALID_GRAPH``) before any provider sees it. The session ran it on the NPU,
+    which does bfloat16."""
+    nodes = [h.make_node("Cast", ["X"], ["B"], to=T.BFLOAT16), h.make_node("Sin", ["B"], ["S"]),
+             h.make_node("Cast", ["S"], ["Y"], to=T.FLOAT)]
+    data = make(nodes, [tensor("X", shape=[4])], [tensor("Y", shape=[4])]).SerializeToString()
+    with pytest.raises(Exception) as theirs:
+        ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    with pytest.raises(ep.InvalidGraph) as ours:
+        ep.InferenceSession(data)
+    assert type(theirs.value).__name__ == "InvalidGraph"
+    assert str(ours.value) == str(theirs.value)

@@ -113,10 +113,33 @@ def test_weights_come_back_as_the_same_initializers() -> None:
     assert {n.op_type for n in ours.graph.node} == {"Gather", "Transpose", "MatMul"}
 
 
+def no_cpu_kernel_model() -> onnx.ModelProto:
+    """``Tan`` of doubles, which onnxruntime's CPU provider has no kernel for."""
+    graph = helper.make_graph(
+        [helper.make_node("Tan", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [2])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def test_a_model_onnxruntime_cannot_load_is_partitioned_as_given() -> None:
+    """onnxruntime cannot load it (``NOT_IMPLEMENTED``), but another provider may take the
+    node: the model is partitioned as it is."""
+    model = no_cpu_kernel_model()
+    with pytest.raises(ort.capi.onnxruntime_pybind11_state.NotImplemented):
+        ort.InferenceSession(model.SerializeToString(), providers=[CPU])
+    assert optimize(model, ep.GraphOptimizationLevel.ORT_ENABLE_ALL) is model
+
+
+def test_a_model_onnxruntime_finds_invalid_is_refused_with_its_words() -> None:
+    """An operator no schema has: onnxruntime refuses the graph before any provider sees it."""
     model = shape_chain_model()
     model.graph.node[-1].op_type = "NoSuchOp"
-    assert optimize(model, ep.GraphOptimizationLevel.ORT_ENABLE_ALL) is model
+    with pytest.raises(Exception) as theirs:
+        ort.InferenceSession(model.SerializeToString(), providers=[CPU])
+    with pytest.raises(ep.InvalidGraph) as ours:
+        optimize(model, ep.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    assert str(ours.value) == str(theirs.value)
 
 
 def test_the_context_binary_stores_a_tied_weight_once(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from ep.framework.optimized_graphs import OptimizedGraphs
 from ep.framework.optimizer import optimize
 from tests.ep.graphgen import random_dags
 from tests.ep.test_graph_optimizations import (
+    no_cpu_kernel_model,
     optimized_by_onnxruntime,
     shape_chain_model,
     tied_model,
@@ -137,10 +138,20 @@ def test_each_model_gets_its_own_weights_back(shown):
 
 
 def test_a_refused_model_is_remembered_as_refused(shown):
+    """A graph onnxruntime finds invalid is its ``InvalidGraph`` each time, shown once."""
     model = shape_chain_model()
     model.graph.node[-1].op_type = "NoSuchOp"
-    assert optimize(model, BASIC) is model
-    assert optimize(model, BASIC) is model
+    for _ in range(2):
+        with pytest.raises(ep.InvalidGraph, match="NoSuchOp"):
+            optimize(model, BASIC)
+    assert shown.calls == 1
+
+
+def test_a_model_onnxruntime_cannot_load_is_remembered_so(shown):
+    """One its CPU provider has no kernel for (double ``Tan``) is left as it is, shown once."""
+    model = no_cpu_kernel_model()
+    for _ in range(2):
+        assert optimize(model, BASIC) is model
     assert shown.calls == 1
 
 
