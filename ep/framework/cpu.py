@@ -41,7 +41,11 @@ def fused_model(fused: FusedNode) -> onnx.ModelProto:
 def same_error(exc: Exception) -> type[errors.OrtError]:
     """The ``ep.errors`` class named like onnxruntime's exception (``InvalidGraph``,
     ``RuntimeException``...), so a refusal the CPU fallback passes on keeps onnxruntime's
-    status; ``EPFail`` for anything else."""
+    status; a plain ``RuntimeError`` of its Python binding (a bfloat16 output, which numpy
+    cannot hold) is ``RuntimeException``, a ``RuntimeError`` too, not an EP's fault the
+    fallback would retry; ``EPFail`` for anything else."""
+    if type(exc) is RuntimeError:
+        return errors.RuntimeException
     found = getattr(errors, type(exc).__name__, None)
     return found if isinstance(found, type) and issubclass(found, errors.OrtError) else EPFail
 

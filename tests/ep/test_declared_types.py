@@ -242,3 +242,20 @@ def test_a_type_no_schema_allows_is_refused_as_onnxruntime_refuses_it() -> None:
         ep.InferenceSession(data)
     assert type(theirs.value).__name__ == "InvalidGraph"
     assert str(ours.value) == str(theirs.value)
+
+
+def test_an_output_numpy_cannot_hold_is_onnxruntime_runtime_error(capsys) -> None:
+    """A bfloat16 output: onnxruntime's binding raises a plain ``RuntimeError`` (numpy has no
+    bfloat16), not an EP fault. The session raised ``EPFail`` and its EP-error fallback
+    retried the run first, printing that it did."""
+    node = h.make_node("Cast", ["X"], ["Y"], to=T.BFLOAT16)
+    data = make([node], [tensor("X", shape=[2])], [tensor("Y", T.BFLOAT16, [2])]
+                ).SerializeToString()
+    feeds = {"X": np.array([1.5, 2.0], np.float32)}
+    with pytest.raises(RuntimeError) as theirs:
+        ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feeds)
+    with pytest.raises(ep.RuntimeException) as ours:
+        ep.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert type(theirs.value) is RuntimeError
+    assert str(theirs.value) in ours.value.message
+    assert "Falling back" not in capsys.readouterr().out
