@@ -267,14 +267,14 @@ def _load(path_or_bytes: str | os.PathLike[str] | bytes, config: Mapping[str, st
     else:
         raise TypeError(f"Unable to load from type '{type(path_or_bytes)}'")
     scanned = split_weights(data, WEIGHT_BYTES, viewable) if split else None
-    model = _parse(scanned[0] if scanned else data)
+    model = _parse(scanned[0] if scanned else data, model_path)
     raw: dict[str, memoryview] = {}
     if scanned:
         whole = memoryview(data)
         tensors = model.graph.initializer
         raw = {tensors[s.index].name: whole[s.offset:s.offset + s.length] for s in scanned[1]}
         if len(raw) != len(scanned[1]):  # initializers sharing a name: protobuf's way
-            model, raw = _parse(data), {}
+            model, raw = _parse(data, model_path), {}
     apply_initializers(model, raw, values=supplied or {}, external=supplied_external or {})
     external = [t for t in external_data.tensors(model) if external_data.uses_external_data(t)]
     if external:
@@ -288,11 +288,16 @@ def _load(path_or_bytes: str | os.PathLike[str] | bytes, config: Mapping[str, st
     return model, model_path, raw
 
 
-def _parse(data: bytes) -> onnx.ModelProto:
+def _parse(data: bytes, model_path: str | None) -> onnx.ModelProto:
+    """The model of ``data``, read from ``model_path`` (None: given as bytes); what is not one
+    is onnxruntime's error in its words: bytes protobuf cannot parse, or a model (empty bytes
+    are one) with no graph."""
+    where = "" if model_path is None else f"Load model from {model_path} failed:"
     try:
         model = onnx.ModelProto.FromString(data)
     except Exception:  # protobuf raises DecodeError and friends
-        raise InvalidProtobuf("Failed to load model because protobuf parsing failed.") from None
+        raise InvalidProtobuf(f"{where}Protobuf parsing failed." if where else
+                              "Failed to load model because protobuf parsing failed.") from None
     if not model.HasField("graph"):
-        raise InvalidProtobuf("Failed to load model because protobuf parsing failed.")
+        raise InvalidArgument(f"{where}No graph was found in the protobuf.")
     return model

@@ -96,7 +96,7 @@ def test_subcommand_is_required(capsys):
 
 @pytest.mark.parametrize(("content", "text"), [
     (None, "File doesn't exist"),
-    (b"garbage", "protobuf parsing failed"),
+    (b"garbage", "Protobuf parsing failed"),
 ])
 def test_run_on_a_bad_model_file_is_one_line_and_exit_1(tmp_path, capsys, content, text):
     path = tmp_path / "model.onnx"

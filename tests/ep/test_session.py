@@ -232,6 +232,24 @@ def test_load_errors(tmp_path: Path) -> None:
         ep.InferenceSession(b"\xff\xff not a model")
 
 
+@pytest.mark.parametrize("data", [b"", b"\x08\x07", b"\xff\xff not a model"],
+                         ids=["empty", "no-graph", "garbage"])
+@pytest.mark.parametrize("as_path", [False, True], ids=["bytes", "path"])
+def test_what_is_not_a_model_is_refused_in_onnxruntime_words(tmp_path: Path, data: bytes,
+                                                             as_path: bool) -> None:
+    """Empty bytes parse as a model with no graph: onnxruntime's ``INVALID_ARGUMENT`` "No graph
+    was found", not a parse error; from a path, its message names the file."""
+    path = tmp_path / "m.onnx"
+    path.write_bytes(data)
+    source = str(path) if as_path else data
+    with pytest.raises(Exception) as theirs:
+        ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+    with pytest.raises(ep.OrtError) as ours:
+        ep.InferenceSession(source)
+    assert (type(ours.value).__name__, str(ours.value)) == (type(theirs.value).__name__,
+                                                             str(theirs.value))
+
+
 def test_external_data_from_path_and_from_bytes(tmp_path: Path) -> None:
     model = mixed_model()
     path = tmp_path / "ext.onnx"
