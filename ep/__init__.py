@@ -68,11 +68,16 @@ __all__ = [
     "RuntimeException",
     "SessionOptions",
     "UnknownProvider",
+    "disable_telemetry_events",
+    "enable_telemetry_events",
     "get_all_providers",
     "get_available_providers",
     "get_build_info",
     "get_device",
     "get_version_string",
+    "has_collective_ops",
+    "preload_dlls",
+    "print_debug_info",
     "set_default_logger_severity",
     "set_default_logger_verbosity",
     "set_seed",
@@ -80,9 +85,15 @@ __all__ = [
 
 # Process-wide settings of onnxruntime, which runs the CPU provider's partitions here: its
 # logger (user code silences it with set_default_logger_severity(3)), the seed of its random
-# operators, and its version and build strings.
+# operators, its telemetry, the CUDA libraries it may preload, and its version, build and
+# debug strings.
+disable_telemetry_events = _onnxruntime.disable_telemetry_events
+enable_telemetry_events = _onnxruntime.enable_telemetry_events
 get_build_info = _onnxruntime.get_build_info
 get_version_string = _onnxruntime.get_version_string
+has_collective_ops = _onnxruntime.has_collective_ops
+preload_dlls = _onnxruntime.preload_dlls
+print_debug_info = _onnxruntime.print_debug_info
 set_default_logger_severity = _onnxruntime.set_default_logger_severity
 set_default_logger_verbosity = _onnxruntime.set_default_logger_verbosity
 set_seed = _onnxruntime.set_seed

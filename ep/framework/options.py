@@ -38,7 +38,18 @@ _BOOLEAN_KEYS = (EP_CONTEXT_ENABLE, SHARE_EP_CONTEXTS, STOP_SHARE_EP_CONTEXTS,
                  DISABLE_MODEL_COMPILE)
 
 
-class GraphOptimizationLevel(enum.IntEnum):
+class _OrtEnum(enum.IntEnum):
+    """An ``IntEnum`` printed as onnxruntime's enums print, ``ExecutionMode.ORT_PARALLEL``
+    (an ``IntEnum`` prints its number from Python 3.11 on)."""
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}.{self.name}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
+class GraphOptimizationLevel(_OrtEnum):
     """ONNX Runtime's optimization levels. As in ONNX Runtime, the basic level's rewrites
     (constant folding, redundant-node elimination, shape simplification) run on the whole graph
     before partitioning whenever the level is ``ORT_ENABLE_BASIC`` or higher; higher levels'
@@ -52,14 +63,14 @@ class GraphOptimizationLevel(enum.IntEnum):
     ORT_ENABLE_ALL = 99
 
 
-class ExecutionMode(enum.IntEnum):
+class ExecutionMode(_OrtEnum):
     """ONNX Runtime's execution modes; accepted for compatibility (partitions run in order)."""
 
     ORT_SEQUENTIAL = 0
     ORT_PARALLEL = 1
 
 
-class ExecutionOrder(enum.IntEnum):
+class ExecutionOrder(_OrtEnum):
     """ONNX Runtime's node execution orders; accepted for compatibility (partitions run in
     their topological order)."""
 

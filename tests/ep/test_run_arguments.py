@@ -202,8 +202,20 @@ def test_module_functions_onnxruntime_code_calls() -> None:
     assert ep.get_all_providers()[1:] == ort.get_all_providers()
     assert set(ep.get_available_providers()) <= set(ep.get_all_providers())
     for name in ("get_build_info", "get_version_string", "set_default_logger_severity",
-                 "set_default_logger_verbosity", "set_seed"):  # onnxruntime's, which runs the CPU
+                 "set_default_logger_verbosity", "set_seed", "disable_telemetry_events",
+                 "enable_telemetry_events", "has_collective_ops", "preload_dlls",
+                 "print_debug_info"):  # onnxruntime's, which runs the CPU provider here
         assert getattr(ep, name) is getattr(ort, name), name
+
+
+def test_the_enums_print_as_onnxruntime_prints_them() -> None:
+    """``str(options.execution_mode)`` is ``ExecutionMode.ORT_PARALLEL``, as onnxruntime's
+    prints; an ``IntEnum`` printed its number (``1``) from Python 3.11 on."""
+    for kind in ("ExecutionMode", "ExecutionOrder", "GraphOptimizationLevel"):
+        ours, theirs = getattr(ep, kind), getattr(ort, kind)
+        for name, member in theirs.__members__.items():
+            assert (str(ours[name]), f"{ours[name]}", int(ours[name])) == (
+                str(member), f"{member}", int(member))
 
 
 FEED_TYPES = [TensorProto.FLOAT, TensorProto.INT64, TensorProto.UINT8, TensorProto.BOOL,
