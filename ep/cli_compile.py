@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ep import cli_errors, cli_progress
+from ep.cli_dims import add_dim_option, fix_dims
 from ep.npusim.external_weights import LOCK
 
 NPU = "NpuSimExecutionProvider"
@@ -52,6 +53,7 @@ def add_compile(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--cpu-nodes", default=None, metavar="NAMES",
                    help="comma-separated node names or op types to keep on the CPU "
                         "(provider option cpu_nodes)")
+    add_dim_option(p)
     p.set_defaults(handler=compile_model, parser=p)
 
 
@@ -107,6 +109,7 @@ def _compile_one(args: argparse.Namespace, model: str, output: Path, out: TextIO
     if args.cpu_nodes:
         options["cpu_nodes"] = args.cpu_nodes
     so.add_provider(NPU, options)
+    fix_dims(so, args.dim)
     if args.prefix:
         so.add_session_config_entry("ep.context_node_name_prefix", args.prefix)
     if shared:

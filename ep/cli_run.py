@@ -6,7 +6,8 @@ Squeeze, Flatten or Identity) gets indices in range of the gathered axis, so tok
 instead of faulting. ``--check`` (always on for the bundled model) compares the outputs with
 onnxruntime's CPU provider using :func:`ep.testing.compare.compare`'s per-dtype tolerances and
 prints the tolerance it used for each output. ``--cpu-nodes`` keeps nodes or op types on the
-CPU (the provider option ``cpu_nodes``).
+CPU (the provider option ``cpu_nodes``); ``--dim NAME=VALUE`` fixes a symbolic dimension
+(:mod:`ep.cli_dims`), and generated inputs have that size.
 
 ``--json`` prints one JSON object instead of text, with these stable keys: ``model``,
 ``device``, ``trace`` (with ``--trace``: where it went), ``outputs`` (``{name: {dtype, shape}}``),
@@ -28,6 +29,7 @@ import numpy as np
 import onnx
 
 from ep import cli_errors, cli_progress, cli_trace
+from ep.cli_dims import add_dim_option, fix_dims, session_dims
 from ep.errors import InvalidArgument, OrtError
 
 INDEX_PASSTHROUGH = frozenset({"Cast", "Unsqueeze", "Reshape", "Squeeze", "Flatten", "Identity"})
@@ -55,6 +57,7 @@ def add_run(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--cpu-nodes", default=None, metavar="NAMES",
                    help="comma-separated node names or op types to keep on the CPU "
                         "(provider option cpu_nodes)")
+    add_dim_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated inputs")
     p.add_argument("--trace", default=None, metavar="FILE",
@@ -76,15 +79,17 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     options = {"device": args.device, "functional": "0" if args.timing_only else "1"}
     if args.cpu_nodes:
         options["cpu_nodes"] = args.cpu_nodes
+    session_options = cli_trace.profiling(args.trace)
+    dims = fix_dims(session_options, args.dim)
     with cli_progress.phase(f"loading {label} on {args.device}"):
-        session = InferenceSession(source, cli_trace.profiling(args.trace),
-                                   providers=[(NPU, options)], enable_fallback=0)
+        session = InferenceSession(source, session_options, providers=[(NPU, options)],
+                                   enable_fallback=0)
     checking = not args.timing_only and (args.check or args.model is None)
     # The model that describes the inputs (an EPContext model's source), loaded once for
     # generating inputs and for --check, and only when one of them needs it.
     described = described_by(model, source) if checking or not args.inputs else None
     feeds = load_inputs(model, args.inputs) if args.inputs else generate_inputs(
-        described, args.seed)
+        described, args.seed, {**session_dims(described, session), **dims})
     try:
         with cli_progress.phase(f"running {label}"):
             outputs = session.run(None, feeds)
@@ -114,11 +119,13 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     return 0 if ok else 1
 
 
-def generate_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random inputs for ``model``, index inputs of a Gather kept in range of its axis."""
+def generate_inputs(model: onnx.ModelProto, seed: int = 0,
+                    dims: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Random inputs for ``model``, its symbolic dims at ``dims`` (others 1), index inputs of a
+    Gather kept in range of its axis."""
     from ep.models import sample_input
 
-    feeds = sample_input(model, seed)
+    feeds = sample_input(model, seed, dims)
     rng = np.random.default_rng(seed)
     for name, bound in index_bounds(model).items():
         if name in feeds and feeds[name].dtype.kind in "iu":

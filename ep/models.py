@@ -10,6 +10,8 @@ two providers.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -89,8 +91,10 @@ def tiny_cnn(seed: int = 0, batch: int = 1, image: int = 64, classes: int = 10) 
     return model
 
 
-def sample_input(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random inputs for every graph input of ``model`` (static shapes; symbolic dims as 1)."""
+def sample_input(model: onnx.ModelProto, seed: int = 0,
+                 dims: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Random inputs for every graph input of ``model`` (static shapes; a symbolic dim as
+    ``dims`` sizes it, else 1)."""
     from npu_sim import dtypes
 
     rng = np.random.default_rng(seed)
@@ -100,7 +104,8 @@ def sample_input(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]
         if vi.name in init_names:
             continue
         ttype = vi.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") else 1 for d in ttype.shape.dim]
+        shape = [d.dim_value if d.HasField("dim_value") else (dims or {}).get(d.dim_param, 1)
+                 for d in ttype.shape.dim]
         dtype = dtypes.to_numpy(dtypes.from_onnx(ttype.elem_type))
         if np.issubdtype(dtype, np.floating):
             feeds[vi.name] = rng.standard_normal(shape).astype(dtype)

@@ -99,7 +99,8 @@ def _static(graph: GraphView, tensor: str, role: str) -> str | None:
                 f"it; the NPU needs static shapes")
     for k, dim in enumerate(shape):
         if isinstance(dim, str) and not dim.startswith(INVENTED):
-            return f"dynamic dimension '{dim}' on {role} '{tensor}'; set a dim override"
+            return (f"dynamic dimension '{dim}' on {role} '{tensor}'; set a dim override "
+                    f"(add_free_dimension_override_by_name, npu-sim --dim {dim}=VALUE)")
         if not isinstance(dim, int):
             return f"unknown dimension {k} on {role} '{tensor}'"
         if dim < 0:  # ONNX shape inference of a window wider than its padded input

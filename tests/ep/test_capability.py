@@ -50,7 +50,8 @@ def test_resize_cubic_is_declined_nearest_and_linear_are_supported():
 def test_dynamic_dimension_is_declined_until_overridden():
     node = helper.make_node("Relu", ["x"], ["y"])
     reason = check_node(_view([node], [_vi("x", ["batch", 4])]), 0)
-    assert reason == "Relu: dynamic dimension 'batch' on input 'x'; set a dim override"
+    assert reason == ("Relu: dynamic dimension 'batch' on input 'x'; set a dim override "
+                      "(add_free_dimension_override_by_name, npu-sim --dim batch=VALUE)")
     assert check_node(_view([node], [_vi("x", ["batch", 4])], overrides={"batch": 2}), 0) is None
     unknown_rank = check_node(_view([node], [_vi("x", None)]), 0)
     assert unknown_rank is not None and unknown_rank.startswith("Relu: unknown shape of input 'x'")
