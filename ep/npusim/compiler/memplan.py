@@ -67,11 +67,14 @@ def plan_arena(buffers: Sequence[Buffer], alignment: int) -> ArenaPlan:
     order = sorted(buffers, key=lambda b: (-sizes[b.key], b.first, b.key))
     placed: list[tuple[int, int, Buffer]] = []  # (offset, aligned size, buffer)
     offsets: dict[int, int] = {}
-    for buf in order:
+    # The placed buffers' offsets, ends and lifetimes as arrays: finding those alive with a
+    # buffer is O(n) per buffer in numpy, not in Python (a 3,000-kernel chain: 0.55 s of its
+    # 1 s creation, checking 9 million pairs).
+    starts, ends, firsts, lasts = (np.empty(len(order), np.int64) for _ in range(4))
+    for k, buf in enumerate(order):
         need = sizes[buf.key]
-        first, last = buf.first, buf.last  # the placed buffers alive with buf: O(n^2)
-        busy = sorted((off, off + size) for off, size, other in placed
-                      if other.first <= last and first <= other.last)
+        alive = np.flatnonzero((firsts[:k] <= buf.last) & (lasts[:k] >= buf.first))
+        busy = sorted(zip(starts[alive].tolist(), ends[alive].tolist(), strict=True))
         best, best_waste, cursor = None, None, 0
         for start, end in busy:
             gap = start - cursor
@@ -81,6 +84,7 @@ def plan_arena(buffers: Sequence[Buffer], alignment: int) -> ArenaPlan:
         offset = cursor if best is None else best
         offsets[buf.key] = offset
         placed.append((offset, need, buf))
+        starts[k], ends[k], firsts[k], lasts[k] = offset, offset + need, buf.first, buf.last
     peak = max((off + size for off, size, _ in placed), default=0)
     return ArenaPlan(offsets, peak, lower_bound(buffers, alignment),
                      sum(sizes.values()), alignment)
