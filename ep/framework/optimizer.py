@@ -181,7 +181,7 @@ def _optimizable(model: onnx.ModelProto) -> bool:
     for node in model.graph.node:
         if node.domain not in _STANDARD_DOMAINS:
             return False
-        if node.op_type in _SIZED_BY_VALUE and _too_large(node, sizes):
+        if node.op_type in SIZED_BY_VALUE and _too_large(node, sizes):
             return False
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                for a in node.attribute):
@@ -189,14 +189,14 @@ def _optimizable(model: onnx.ModelProto) -> bool:
     return True
 
 
-_SIZED_BY_VALUE = {"ConstantOfShape": 0, "Expand": 1}
+SIZED_BY_VALUE = {"ConstantOfShape": 0, "Expand": 1}
 """Ops whose output shape is an input's value: folding a huge one would allocate it."""
 
 
 def _too_large(node: onnx.NodeProto, shapes: Mapping[str, onnx.TensorProto]) -> bool:
     """Whether folding ``node`` would make a tensor over the kernels' size limit; such a model
     is left to the providers, whose kernels refuse it with a typed error."""
-    index = _SIZED_BY_VALUE[node.op_type]
+    index = SIZED_BY_VALUE[node.op_type]
     tensor = shapes.get(node.input[index]) if len(node.input) > index else None
     if tensor is None:
         return False

@@ -19,12 +19,15 @@ partitioner splits a group further if keeping it whole would create a cycle betw
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Iterable, Mapping
 
 from ep.framework.graph import GraphView
+from ep.framework.optimizer import SIZED_BY_VALUE
 from ep.framework.provider import ComputeCapability
 from ep.framework.shapes import INVENTED
+from npu_sim.kernels import limits
 
 from .ops import OpSupport
 from .ops.catalogue import ALL, BOOL, FLOATS, INTS, MAX_OPSET, NUMERIC, SupportTable
@@ -92,7 +95,9 @@ def _empty_tensor(graph: GraphView, inputs: Iterable[str], outputs: Iterable[str
     return None
 
 
-def _static(graph: GraphView, tensor: str, role: str) -> str | None:
+def _static(graph: GraphView, tensor: str, role: str, *, sized: bool = True) -> str | None:
+    """Why ``tensor`` has no static shape the NPU can hold (None: it has one). ``sized``:
+    refuse one of more elements than any tensor may hold (:mod:`npu_sim.kernels.limits`)."""
     _, shape = graph.tensor_type(tensor)
     if shape is None:
         return (f"unknown shape of {role} '{tensor}': ONNX shape inference could not determine "
@@ -105,6 +110,9 @@ def _static(graph: GraphView, tensor: str, role: str) -> str | None:
             return f"unknown dimension {k} on {role} '{tensor}'"
         if dim < 0:  # ONNX shape inference of a window wider than its padded input
             return f"negative dimension {k} ({dim}) inferred for {role} '{tensor}'"
+    if sized and math.prod(shape) > limits.MAX_ELEMENTS:  # corrupt, hostile, or stale
+        return (f"{role} '{tensor}' of shape {tuple(shape)} holds more than the "
+                f"{limits.MAX_ELEMENTS:,} elements a tensor may")
     return None
 
 
@@ -143,11 +151,14 @@ def _reason(graph: GraphView, i: int) -> str | None:
     if why := _unreliable_input(graph, inputs):
         return why
     live = live_outputs(graph, i)  # a dead tail is not materialized: any shape will do
+    # An op sized by a constant's value is taken whatever it asks for: the compiler's folding
+    # refuses a tensor too large to hold with a typed error before anything is allocated.
+    sized = node.op_type not in SIZED_BY_VALUE
     for tensor in live:
         if not tensor:
             continue
         role = "unused output (a later output is used)" if is_dead(graph, tensor) else "output"
-        if why := _static(graph, tensor, role):
+        if why := _static(graph, tensor, role, sized=sized):
             return why
     if support.check and (why := support.check(graph, i)):
         return why

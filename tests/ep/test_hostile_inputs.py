@@ -103,3 +103,35 @@ def test_folding_a_huge_constant_is_refused_before_allocating(op: str) -> None:
         assert tracemalloc.get_traced_memory()[1] < 256 << 20
     finally:
         tracemalloc.stop()
+
+
+def huge(name: str) -> onnx.ModelProto:
+    """A tensor of more elements than any may hold: a declared input, or a Reshape's output
+    (its shape a constant), in a model fed a 4-element tensor."""
+    x = helper.make_tensor_value_info("x", F, [2**40, 2**40] if name == "input" else [4])
+    shape = numpy_helper.from_array(np.array([2**31, 2**31], np.int64), "shape")
+    node = helper.make_node("Relu", ["x"], ["y"]) if name == "input" else \
+        helper.make_node("Reshape", ["x", "shape"], ["y"])
+    graph = helper.make_graph([node], "g", [x], [helper.make_tensor_value_info("y", F, None)],
+                              [] if name == "input" else [shape])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("name", ["input", "reshape"])
+def test_a_tensor_too_large_to_hold_is_declined_and_fails_as_in_onnxruntime(name: str) -> None:
+    """onnxruntime creates the session and its run fails (the feed does not match; the
+    Reshape cannot be done); the NPU compiler failed the session with ``EP_FAIL``, one message
+    an ``OverflowError``'s. The NPU now declines such a tensor, and the run fails with
+    onnxruntime's error. (``ConstantOfShape`` and ``Expand``, sized by a constant's value, stay
+    refused when the session is created, above.)"""
+    data = huge(name).SerializeToString()
+    feeds = {"x": np.ones(4 if name != "input" else (2, 2), np.float32)}
+    theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    ours = ep.InferenceSession(data, enable_fallback=0)
+    (reasons,) = ours.get_decline_reasons().values()
+    assert "holds more than the 2,147,483,647 elements" in reasons["NpuSimExecutionProvider"]
+    with pytest.raises(Exception) as want:
+        theirs.run(None, feeds)
+    with pytest.raises(ep.OrtError) as got:
+        ours.run(None, feeds)
+    assert type(got.value).__name__ == type(want.value).__name__
