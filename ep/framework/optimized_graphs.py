@@ -6,7 +6,7 @@ step of a session's creation (a MobileNet-V3-like model's creation from source: 
 it, 33.0 kept, alternating in one process). What onnxruntime makes of those bytes depends only
 on them, the free-dimension overrides and onnxruntime itself, so :data:`GRAPHS` keeps the
 result, onnxruntime's serialized output (or None where onnxruntime could not load the model,
-or the ``InvalidGraph`` it refused it with),
+or the error it refused it with),
 keyed by the SHA-256 of the exact bytes it was shown and the overrides. A session of a model
 already created in this process (tests, instances, sweeps) parses the kept bytes instead; a
 model differing in any byte onnxruntime sees, a small constant or a name, is another key. The
@@ -22,7 +22,7 @@ import hashlib
 import os
 from collections.abc import Mapping
 
-from ..errors import InvalidGraph
+from ..errors import Fail, InvalidGraph
 from .lru import BoundedLru
 
 Key = tuple[bytes, tuple[tuple[str, int], ...]]
@@ -35,10 +35,10 @@ def key(shown: bytes, free_dims: Mapping[str, int]) -> Key:
                                                         for d, v in free_dims.items()))
 
 
-class OptimizedGraphs(BoundedLru[Key, bytes | InvalidGraph | None]):
+class OptimizedGraphs(BoundedLru[Key, bytes | InvalidGraph | Fail | None]):
     """onnxruntime's serialized optimized graphs by :func:`key` (or None: it could not load the
-    model; or its ``InvalidGraph``: it found the graph invalid): at most ``entries`` of them
-    and ``max_bytes`` of graphs."""
+    model; or the error it refused the model with): at most ``entries`` of them and
+    ``max_bytes`` of graphs."""
 
     def __init__(self, entries: int = 32, max_bytes: int = 64 << 20) -> None:
         super().__init__(entries, max_bytes,

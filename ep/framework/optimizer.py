@@ -37,6 +37,7 @@ import onnx
 import onnxruntime as ort
 from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
+from onnxruntime.capi.onnxruntime_pybind11_state import Fail as OrtFail
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidGraph as OrtInvalidGraph
 
 from npu_sim.errors import KernelError
@@ -75,8 +76,8 @@ def optimize(model: onnx.ModelProto, level: int,
     if written is MISSING:
         written = _optimized_by_onnxruntime(shown, dims)
         GRAPHS.put(k, written)
-    if isinstance(written, InvalidGraph):  # raised anew: no traceback kept in the cache
-        raise InvalidGraph(written.message)
+    if isinstance(written, (InvalidGraph, Fail)):  # raised anew: no traceback in the cache
+        raise type(written)(written.message)
     if written is None:  # onnxruntime cannot load it: partition the model as given
         return model
     try:  # a new graph each time (_restore edits it); every initializer is inline
@@ -86,13 +87,18 @@ def optimize(model: onnx.ModelProto, level: int,
     return _restore(optimized, model, weights, generators, in_place)
 
 
+_IR_TOO_NEW = "Unsupported model IR version"
+"""How onnxruntime's ``Fail`` begins for a model of an IR version newer than it reads."""
+
+
 def _optimized_by_onnxruntime(shown: bytes, free_dims: Mapping[str, int]
-                              ) -> bytes | InvalidGraph | None:
+                              ) -> bytes | InvalidGraph | Fail | None:
     """The serialized graph onnxruntime's basic optimization makes of the serialized model
     ``shown``, with ``free_dims`` overridden; None when it cannot load it (a kernel its CPU
-    provider lacks: another provider may take the node). A graph it finds invalid (an
-    operator or a type no schema has) is its ``InvalidGraph``, returned to be raised:
-    onnxruntime refuses such a graph before any provider sees it."""
+    provider lacks: another provider may take the node). A model it refuses before any
+    provider sees it, a graph it finds invalid (an operator or a type no schema has) or an IR
+    version newer than it reads, is its error (``InvalidGraph``, ``Fail``), returned to be
+    raised."""
     # A file, not a folder, and in memory where the system has a tmpfs: making and removing a
     # temporary folder on this machine's ext4 (mounted with discard) costs ~4 ms, a quarter of
     # a small model's session creation; a file there ~1.5 ms, in /dev/shm ~0.2 ms.
@@ -117,6 +123,10 @@ def _optimized_by_onnxruntime(shown: bytes, free_dims: Mapping[str, int]
             return target.read_bytes()
         except OrtInvalidGraph as exc:  # its graph checks (types, shapes) come before any EP
             return InvalidGraph(str(exc).partition("INVALID_GRAPH : ")[2] or str(exc))
+        except OrtFail as exc:
+            if _IR_TOO_NEW not in str(exc):  # a CPU kernel's refusal: another EP may take it
+                return None
+            return Fail(str(exc).partition("FAIL : ")[2] or str(exc))
         except Exception:  # onnxruntime cannot load it (a kernel its CPU provider lacks...)
             return None
     finally:

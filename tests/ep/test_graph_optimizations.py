@@ -211,3 +211,24 @@ def test_no_room_for_the_scratch_file_is_fail_naming_the_folder(monkeypatch) -> 
     with pytest.raises(ep.Fail, match="scratch file for onnxruntime's graph optimization in "
                        ".*No space left on device"):
         ep.InferenceSession(shape_chain_model().SerializeToString())
+
+
+@pytest.mark.parametrize("ir_version", [onnx.IR_VERSION, 99])
+def test_an_ir_version_onnxruntime_cannot_read_is_refused_with_its_words(ir_version) -> None:
+    """A model from a newer exporter: onnxruntime refuses an IR version above the one it reads
+    (``FAIL``, naming both); the session ran it. One it reads loads in both."""
+    model = shape_chain_model()
+    model.ir_version = ir_version
+    data = model.SerializeToString()
+    try:
+        ort.InferenceSession(data, providers=[CPU])
+    except Exception as exc:  # noqa: BLE001 - compared below
+        theirs: Exception | None = exc
+    else:
+        theirs = None
+    if theirs is None:
+        ep.InferenceSession(data)
+        return
+    with pytest.raises(ep.OrtError) as ours:
+        ep.InferenceSession(data)
+    assert (type(ours.value).__name__, str(ours.value)) == (type(theirs).__name__, str(theirs))
