@@ -24,6 +24,7 @@ from .errors import (
     RuntimeException,
     UnknownProvider,
 )
+from .framework.context_data import OrtEpContextData, OrtEpContextDataBuffer
 from .framework.io_binding import IOBinding
 from .framework.model_compiler import ModelCompiler, OrtCompileApiFlags
 from .framework.node_args import NodeArg
@@ -62,6 +63,8 @@ __all__ = [
     "NotFound",
     "NotImplemented",
     "OrtCompileApiFlags",
+    "OrtEpContextData",
+    "OrtEpContextDataBuffer",
     "OrtError",
     "OrtValue",
     "RunOptions",

@@ -28,6 +28,7 @@ from typing import Any
 import onnx
 
 from ..errors import Fail, InvalidArgument, InvalidGraph
+from .context_data import ContextDataFunctions, check_function
 from .context_writer import ContextWriter, InitializerLocator
 from .epcontext import is_folder_path, output_exists_error, planned_output_path
 from .files import temp_prefix
@@ -122,6 +123,19 @@ class ModelCompiler:
         self._level = int(graph_optimization_level)
         self._locate = get_initializer_location_func
         self._binary_anchor: Path | None = None
+        self._write_context_data: Callable[[str, Any], None] | None = None
+
+    def set_ep_context_data_write_func(self, write_func: Callable[[str, Any], None]) -> None:
+        """Hand each context binary a provider would write beside the model to
+        ``write_func(name, data)`` instead, ``data`` an
+        :class:`~.context_data.OrtEpContextData`; the EPContext node refers to ``name``
+        (:mod:`.context_data`)."""
+        check_function(write_func, "set_ep_context_data_write_func")
+        self._write_context_data = write_func
+
+    def clear_ep_context_data_write_func(self) -> None:
+        """Write context binaries to files again."""
+        self._write_context_data = None
 
     def set_ep_context_binary_information(self, output_directory: str | os.PathLike[str],
                                           model_name: str) -> None:
@@ -160,10 +174,13 @@ class ModelCompiler:
     def compile_to_bytes(self) -> bytes:
         """Compile and return the EPContext model's bytes. With
         ``embed_compiled_data_into_model=False`` the context binary is written beside the input
-        model (or where :meth:`set_ep_context_binary_information` says)."""
-        if self._embed and self._external is None and self._locate is None:
+        model (or where :meth:`set_ep_context_binary_information` says), or handed to the
+        write function (:meth:`set_ep_context_data_write_func`): then no file is needed."""
+        written_elsewhere = self._embed or self._write_context_data is not None
+        if written_elsewhere and self._external is None and self._locate is None:
             with tempfile.TemporaryDirectory() as tmp:  # nothing goes beside the model
-                out = Path(tmp) / "model_ctx.onnx"
+                name = "model_ctx.onnx" if self._embed else self._output_name()
+                out = Path(tmp) / name
                 self._compile(out)
                 return out.read_bytes()
         anchor = self._binary_anchor or planned_output_path(self._options.config_entries(),
@@ -187,6 +204,16 @@ class ModelCompiler:
             write_function(data)
         except Exception as exc:
             raise Fail(f"{type(exc).__name__}: {exc}") from None
+
+    def _output_name(self) -> str:
+        """The name the compiled model would have (its context binary is named after it):
+        ``model_ctx.onnx`` for a model given as bytes with no other name set."""
+        if self._binary_anchor is not None:
+            return self._binary_anchor.name
+        try:
+            return planned_output_path(self._options.config_entries(), self._input_path()).name
+        except InvalidArgument:
+            return "model_ctx.onnx"
 
     def _input_path(self) -> str | None:
         return os.fspath(self._input) if isinstance(self._input, (str, os.PathLike)) else None
@@ -222,6 +249,7 @@ class ModelCompiler:
                       make_writer=make_writer, require_compiled=False, write=write,
                       already_compiled=InvalidGraph(ALREADY_COMPILED),
                       initializers=self._options.initializers,
-                      external_initializers=self._options.external_initializers)
+                      external_initializers=self._options.external_initializers,
+                      context_data=ContextDataFunctions(write=self._write_context_data))
         finally:
             config.pop(EP_CONTEXT_FILE_PATH, None)

@@ -18,6 +18,7 @@ import onnxruntime
 
 from ..errors import InvalidArgument, RuntimeException
 from . import initializers
+from .context_data import check_function
 from .registry import is_registered, known_elsewhere, unknown_provider
 from .typed_options import Option, TypedOptions, boolean, int32, member, text
 
@@ -100,7 +101,7 @@ class SessionOptions(TypedOptions):
     """
 
     __slots__ = ("_config", "_providers", "_free_dims", "_free_denotations", "_initializers",
-                 "_external_initializers")
+                 "_external_initializers", "_read_context_data")
 
     enable_profiling = Option(boolean, False)
     profile_file_prefix = Option(text, "onnxruntime_profile_")
@@ -128,6 +129,7 @@ class SessionOptions(TypedOptions):
         self._free_denotations: dict[str, int] = {}
         self._initializers: dict[str, Any] = {}
         self._external_initializers: dict[str, Any] = {}
+        self._read_context_data: tuple[Any, int] | None = None
 
     def add_session_config_entry(self, key: str, value: str) -> None:
         """Set config entry ``key`` to ``value`` (both strings), replacing an earlier value.
@@ -233,6 +235,26 @@ class SessionOptions(TypedOptions):
                                                                    strict=True)]
         for name, value in zip(checked, ort_values, strict=True):
             initializers.add(self._external_initializers, name, value)
+
+    def set_ep_context_data_read_func(self, read_func: Any, max_data_size: int) -> None:
+        """Have providers read their context binaries (``embed_mode=0``) through
+        ``read_func(name, buffer)`` instead of files, each at most ``max_data_size`` bytes
+        (:mod:`.context_data`)."""
+        check_function(read_func, "set_ep_context_data_read_func")
+        if isinstance(max_data_size, bool) or not isinstance(max_data_size, (int, np.integer)) \
+                or max_data_size < 0:
+            raise TypeError(f"set_ep_context_data_read_func(): max_data_size must be an "
+                            f"integer >= 0, got {max_data_size!r}")
+        self._read_context_data = (read_func, int(max_data_size))
+
+    def clear_ep_context_data_read_func(self) -> None:
+        """Read context binaries from files again."""
+        self._read_context_data = None
+
+    @property
+    def context_data_read(self) -> tuple[Any, int] | None:
+        """``(read_func, max_data_size)`` from :meth:`set_ep_context_data_read_func`."""
+        return self._read_context_data
 
     @property
     def initializers(self) -> dict[str, Any]:

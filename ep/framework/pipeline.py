@@ -38,6 +38,7 @@ from ..errors import (
 )
 from ..errors import NotImplemented as OrtNotImplemented
 from . import external_data
+from .context_data import ContextDataFunctions
 from .context_writer import ContextWriter
 from .epcontext import is_ep_context_node, parse_ep_context_node
 from .graph import GraphView
@@ -89,6 +90,7 @@ def construct(
     already_compiled: Exception | None = None,
     initializers: Mapping[str, Any] | None = None,
     external_initializers: Mapping[str, Any] | None = None,
+    context_data: ContextDataFunctions | None = None,
 ) -> Built:
     """Run the pipeline of the module docstring. ``make_writer(model_path)`` returns the
     EPContext writer (None: no generation); ``write`` writes with it (default
@@ -97,14 +99,15 @@ def construct(
     loaded without generating (ONNX Runtime's sessions skip generation for it), or, given
     ``already_compiled``, that error is raised. ``initializers`` and
     ``external_initializers``: the ``OrtValue``s of ``SessionOptions.add_initializer`` and
-    ``add_external_initializers`` (:mod:`.initializers`)."""
+    ``add_external_initializers`` (:mod:`.initializers`); ``context_data``: the functions
+    providers write and read context binaries through (:mod:`.context_data`)."""
     source, model_path, raw = _load(path_or_bytes, config, split=True,
                                     supplied=initializers,
                                     supplied_external=external_initializers)
     weights = check_model_tensors(source, raw)
     writer = make_writer(model_path)
     provider_config = writer.provider_config() if writer is not None else dict(config)
-    providers = build_providers(provider_specs, provider_config, model_path)
+    providers = build_providers(provider_specs, provider_config, model_path, context_data)
     named = by_denotation(source, free_denotations or {}, free_dims or {})
     dims = merged_free_dims(named, providers)
     if writer is not None:

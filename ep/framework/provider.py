@@ -30,6 +30,7 @@ import numpy as np
 import onnx
 
 from ..errors import EPFail, OrtError
+from .context_data import ContextDataFunctions
 from .tensors import restore_raw_data
 
 if TYPE_CHECKING:
@@ -122,6 +123,8 @@ class ProviderContext:
     provider_options: Mapping[str, str] = field(default_factory=dict)
     session_config: Mapping[str, str] = field(default_factory=dict)
     model_path: str | None = None
+    context_data: ContextDataFunctions = field(default_factory=ContextDataFunctions)
+    """The user's functions to write and read context binaries through, if any."""
 
 
 class ExecutionProvider(ABC):

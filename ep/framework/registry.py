@@ -23,6 +23,7 @@ from typing import Any
 import onnxruntime
 
 from ..errors import InvalidArgument, UnknownProvider
+from .context_data import ContextDataFunctions
 from .provider import ExecutionProvider, ProviderContext
 
 ProviderFactory = Callable[[ProviderContext], ExecutionProvider]
@@ -161,24 +162,28 @@ def build_providers(
     specs: Sequence[tuple[str, dict[str, str]] | ExecutionProvider],
     config: Mapping[str, str],
     model_path: str | None,
+    context_data: ContextDataFunctions | None = None,
 ) -> list[ExecutionProvider]:
     """Create (or, for instances, bind) the session's providers, in priority order, with
     ``CPUExecutionProvider`` last, appended when absent. A provider onnxruntime knows but this
     process has not registered (``CUDAExecutionProvider``) is left out, as onnxruntime leaves
     out the providers its build lacks; a name it does not know is :class:`UnknownProvider`.
     Every provider is bound to the session's config in one step before anything reads it."""
+    data = context_data or ContextDataFunctions()
     built: list[ExecutionProvider] = []
     for spec in specs:
         if isinstance(spec, ExecutionProvider):
             spec.bind(ProviderContext(provider_options=dict(spec.context.provider_options),
-                                      session_config=dict(config), model_path=model_path))
+                                      session_config=dict(config), model_path=model_path,
+                                      context_data=data))
             built.append(spec)
         elif not known_elsewhere(spec[0]):  # normalize_provider_args warned of those
             name, options = spec
             built.append(create_provider(name, ProviderContext(
-                provider_options=options, session_config=dict(config), model_path=model_path)))
+                provider_options=options, session_config=dict(config), model_path=model_path,
+                context_data=data)))
     if not any(p.type == CPU_PROVIDER for p in built):
         built.append(create_provider(CPU_PROVIDER, ProviderContext(
-            session_config=dict(config), model_path=model_path)))
+            session_config=dict(config), model_path=model_path, context_data=data)))
     built.sort(key=lambda p: p.type == CPU_PROVIDER)
     return built

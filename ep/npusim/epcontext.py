@@ -31,6 +31,7 @@ they are verified before anything is placed: a failed load places nothing there.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +44,9 @@ from npu_sim.config import DeviceConfig
 from npu_sim.errors import ConfigError
 
 from ..errors import Fail, InvalidGraph
+from ..errors import NotImplemented as OrtNotImplemented
 from ..framework import epcontext as E
+from ..framework.context_data import ContextDataFunctions, read_through, write_through
 from ..framework.graph import GraphView
 from ..framework.provider import ComputeCapability, FusedNode, ProviderContext
 from .binary import ContextBinary, graph_digest, pack_context_listing, write_context_binary
@@ -97,6 +100,14 @@ def make_context_nodes(
         remember(data=payload)
         cache_main: bytes | str = payload
         cache_other: bytes | str = b""
+    elif context.context_data.write is not None:  # the user's function stores it
+        payload, listing = pack_context_listing(programs, hardware_architecture=config.name,
+                                                config_digest=config.digest, external=external)
+        relative = settings.binary_path(EP_SHORT_NAME).name
+        write_through(context.context_data, relative, payload)
+        remember(data=payload)
+        size = len(payload)
+        cache_main = cache_other = relative
     else:
         path = settings.binary_path(EP_SHORT_NAME)
         if path.exists():
@@ -129,6 +140,9 @@ def make_shared_context_nodes(
     keeps all its files in one folder); the first node is ``main_context=1``. ``max_size`` is
     0: the binary is written by the last session, after the others' nodes were made.
     """
+    if context.context_data.write is not None:
+        raise OrtNotImplemented("ep.share_ep_contexts with an EPContext data write function: "
+                                "the group's binary is written by its last session")
     settings = E.generation_settings(context)
     programs = [program for _, program in compiled]
     staged = shared.stage(settings.output_path, settings.binary_path(EP_SHORT_NAME), programs,
@@ -233,8 +247,19 @@ class WeightChecks:
 
 def _open(info: E.EpContextNode, folder: _Folder, config: DeviceConfig,
           opened: dict[Path, ContextBinary], wanted: set[str],
-          acquire: Acquire | None, checks: WeightChecks, defer: bool) -> ContextBinary:
+          acquire: Acquire | None, checks: WeightChecks, defer: bool,
+          data: ContextDataFunctions) -> ContextBinary:
     try:
+        if info.embed_mode == 0 and data.read is not None:  # by name, from the user's function
+            name = os.fsdecode(info.ep_cache_context)
+            key = Path(name)
+            if key not in opened:
+                opened[key] = ContextBinary.from_bytes(
+                    read_through(data, name), expected_architecture=config.name,
+                    expected_config_digest=config.digest, external_folder=folder.or_none(),
+                    defer_weights=defer)
+                checks.opened.append((info.name, opened[key]))
+            return opened[key]
         if info.embed_mode == 1:
             if not info.ep_cache_context:
                 raise E.load_error(f"EPContext node {info.name!r}: main_context=1 and "
@@ -299,7 +324,8 @@ def _load(infos: list[E.EpContextNode], context: ProviderContext, config: Device
     embedded: list[ContextBinary] = []
     for k, info in enumerate(infos):
         if info.main_context:
-            binary = _open(info, folder, config, opened, wanted, acquire, checks, defer)
+            binary = _open(info, folder, config, opened, wanted, acquire, checks, defer,
+                           context.context_data)
             if binary not in binaries:
                 binaries.append(binary)
             owner[k] = binary
@@ -309,7 +335,9 @@ def _load(infos: list[E.EpContextNode], context: ProviderContext, config: Device
         if k in owner:
             continue
         if info.embed_mode == 0 and info.ep_cache_context:
-            path = E.resolve_context_file(info.ep_cache_context, folder(), node=info.name)
+            path = Path(os.fsdecode(info.ep_cache_context)) \
+                if context.context_data.read is not None else \
+                E.resolve_context_file(info.ep_cache_context, folder(), node=info.name)
             if path in opened:
                 owner[k] = opened[path]
                 continue
