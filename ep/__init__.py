@@ -6,7 +6,17 @@ after ONNX Runtime's status codes, so code written for onnxruntime ports by chan
 """
 
 import onnxruntime as _onnxruntime
-from onnxruntime import OrtValue
+from onnxruntime import (
+    OrtAllocatorType,
+    OrtArenaCfg,
+    OrtDevice,
+    OrtDeviceMemoryType,
+    OrtDeviceVendorId,
+    OrtMemoryInfo,
+    OrtMemoryInfoDeviceType,
+    OrtMemType,
+    OrtValue,
+)
 
 from . import npusim  # noqa: F401 - registers NpuSimExecutionProvider
 from .errors import (
@@ -62,10 +72,18 @@ __all__ = [
     "NodeArg",
     "NotFound",
     "NotImplemented",
+    "OrtAllocatorType",
+    "OrtArenaCfg",
     "OrtCompileApiFlags",
+    "OrtDevice",
+    "OrtDeviceMemoryType",
+    "OrtDeviceVendorId",
     "OrtEpContextData",
     "OrtEpContextDataBuffer",
     "OrtError",
+    "OrtMemType",
+    "OrtMemoryInfo",
+    "OrtMemoryInfoDeviceType",
     "OrtValue",
     "RunOptions",
     "RuntimeException",

@@ -295,6 +295,28 @@ class InferenceSession:
         return {p.type: {str(k): str(v) for k, v in p.context.provider_options.items()}
                 for p in self._providers}
 
+    def get_input_memory_infos(self) -> list[onnxruntime.OrtMemoryInfo]:
+        """Where each input is read from: host memory (``Cpu``), as onnxruntime's CPU-resident
+        inputs; the NPU's DMA engines copy them to the device."""
+        return [_host_memory() for _ in self._graph.inputs]
+
+    def get_output_memory_infos(self) -> list[onnxruntime.OrtMemoryInfo]:
+        """Where each output is written: host memory (``Cpu``)."""
+        return [_host_memory() for _ in self._graph.outputs]
+
+    def get_tuning_results(self) -> list[dict[str, Any]]:
+        """Kernel tuning results to save: none, as onnxruntime's CPU provider has none (its
+        ROCm and CUDA providers tune)."""
+        return []
+
+    def set_tuning_results(self, results: list[dict[str, Any]], *,
+                           error_on_invalid: bool = False) -> None:
+        """Tuning results from :meth:`get_tuning_results`: no provider here tunes, so none is
+        used (onnxruntime logs that it cannot find the provider a result names)."""
+        if not isinstance(results, list) or not all(isinstance(r, dict) for r in results):
+            raise TypeError("set_tuning_results(): incompatible function arguments: results "
+                            f"must be a list of dicts, got {type(results).__name__}")
+
     def get_profiling_start_time_ns(self) -> int:
         """When profiling started (ns since the epoch, as ``time.time_ns``); 0 when it is off."""
         return self._profiler.start_ns
@@ -533,3 +555,8 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (int, float, str, bool)) or value is None:
         return value
     return str(value)
+
+
+def _host_memory() -> onnxruntime.OrtMemoryInfo:
+    return onnxruntime.OrtMemoryInfo("Cpu", onnxruntime.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0,
+                                     onnxruntime.OrtMemType.DEFAULT)

@@ -429,3 +429,33 @@ def test_a_feed_in_non_native_byte_order_is_refused(sessions):
         npu.run(None, {"x": swapped})
     assert not np.allclose(reference.run(None, {"x": swapped})[0],
                            reference.run(None, {"x": X})[0])
+
+
+def test_memory_infos_and_tuning_results_as_onnxruntime_gives_them() -> None:
+    """``get_input_memory_infos`` / ``get_output_memory_infos`` (host memory, as onnxruntime's
+    CPU provider reads its inputs and writes its outputs) and the tuning results, which no
+    provider here produces; onnxruntime's value classes are its own."""
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]
+                             ).SerializeToString()
+    theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    ours = ep.InferenceSession(data)
+
+    def described(infos: list) -> list:
+        return [(i.name, i.allocator_type, i.device_id, i.mem_type, i.device_mem_type,
+                 i.device_vendor_id) for i in infos]
+
+    for method in ("get_input_memory_infos", "get_output_memory_infos"):
+        assert described(getattr(ours, method)()) == described(getattr(theirs, method)())
+    assert ours.get_tuning_results() == theirs.get_tuning_results() == []
+    results = [{"ep": "NpuSimExecutionProvider", "results": {}, "validators": {}}]
+    assert ours.set_tuning_results(results) is theirs.set_tuning_results([]) is None
+    with pytest.raises(TypeError):
+        theirs.set_tuning_results("bad")
+    with pytest.raises(TypeError, match="must be a list of dicts"):
+        ours.set_tuning_results("bad")
+    for name in ("OrtDevice", "OrtMemoryInfo", "OrtMemType", "OrtAllocatorType", "OrtArenaCfg",
+                 "OrtDeviceMemoryType", "OrtDeviceVendorId", "OrtMemoryInfoDeviceType"):
+        assert getattr(ep, name) is getattr(ort, name), name
