@@ -113,10 +113,7 @@ def write_through(functions: ContextDataFunctions, name: str, payload: bytes) ->
     assert functions.write is not None
     data = OrtEpContextData(payload)
     try:
-        functions.write(name, data)
-    except Exception as exc:
-        raise Fail(f"the EPContext data write function failed for {name!r}: "
-                   f"{type(exc).__name__}: {exc}") from None
+        _call(functions.write, "write", name, data)
     finally:
         data._release()
 
@@ -126,13 +123,19 @@ def read_through(functions: ContextDataFunctions, name: str) -> bytes:
     assert functions.read is not None
     buffer = OrtEpContextDataBuffer(functions.max_read_size)
     try:
-        functions.read(name, buffer)
-    except Exception as exc:
-        raise Fail(f"the EPContext data read function failed for {name!r}: "
-                   f"{type(exc).__name__}: {exc}") from None
+        _call(functions.read, "read", name, buffer)
     finally:
         data = buffer._close()
     if not buffer.is_allocated:
         raise Fail(f"the EPContext data read function for {name!r} returned without "
                    "allocating its buffer")
     return data
+
+
+def _call(function: Callable[[str, Any], None], kind: str, name: str, view: Any) -> None:
+    """``function(name, view)``; an exception it raises is ``Fail`` carrying its message."""
+    try:
+        function(name, view)
+    except Exception as exc:
+        raise Fail(f"the EPContext data {kind} function failed for {name!r}: "
+                   f"{type(exc).__name__}: {exc}") from None
