@@ -29,17 +29,20 @@ import numpy as np
 
 def immutable(array: np.ndarray) -> bool:
     """Whether the bytes of ``array`` can never change while referenced: it is a read-only view
-    of a ``bytes`` object or of a read-only (``ACCESS_READ``) memory map, with no writable array
-    in between. Anything else (a writable array, a read-only view of one) may change later."""
+    of a ``bytes`` object or of a read-only (``ACCESS_READ``) memory map, through read-only
+    arrays and memoryviews only (a memoryview of a read-only array of the model's bytes, as a
+    session's weights are). Anything else (a writable array, a read-only view of one) may
+    change later."""
     base: object = array
-    while isinstance(base, np.ndarray):
-        if base.flags.writeable or base.base is None:
+    while isinstance(base, (np.ndarray, memoryview)):
+        if isinstance(base, memoryview):
+            if not base.readonly:
+                return False
+            base = base.obj
+        elif base.flags.writeable or base.base is None:
             return False
-        base = base.base
-    if isinstance(base, memoryview):
-        if not base.readonly:
-            return False
-        base = base.obj
+        else:
+            base = base.base
     if isinstance(base, bytes):
         return True
     if isinstance(base, mmap.mmap):

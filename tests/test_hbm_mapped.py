@@ -58,6 +58,12 @@ def test_only_read_only_files_and_bytes_are_immutable(mapped):
     assert not immutable(np.frombuffer(memoryview(bytearray(8)).toreadonly(), np.uint8))
     writable = mmap.mmap(-1, 4096)
     assert not immutable(np.frombuffer(memoryview(writable).toreadonly(), np.uint8))
+    # A session's weights: arrays over memoryviews of read-only arrays of the model's bytes.
+    weight = np.frombuffer(data, np.float32)
+    assert immutable(np.frombuffer(memoryview(weight).cast("B"), np.uint8))
+    assert not immutable(np.frombuffer(memoryview(frozen).cast("B"), np.uint8))
+    assert not immutable(np.frombuffer(memoryview(np.zeros(4, np.uint8)).toreadonly(),
+                                       np.uint8))
 
 
 def test_a_mapped_region_reads_the_files_bytes_with_the_same_timing(mapped):
