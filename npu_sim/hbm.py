@@ -39,6 +39,13 @@ from .pieces import Pieces
 
 _owner_ids = itertools.count(1)
 
+_VIEW_ALIGNMENT = 16
+"""Host bytes HBM refers to must sit at the device address's offset modulo this, the largest
+alignment a numpy dtype asks for (complex128), so a kernel's typed view of them is aligned
+whenever its device address is (a compiled program aligns every weight to 64). A context
+binary, mapped or embedded in the model as a ``bytes`` attribute, passes; the raw data of an
+ONNX file's initializers usually does not."""
+
 
 @dataclass(eq=False)
 class DeviceBuffer:
@@ -414,11 +421,17 @@ class Hbm:
     def share(self, address: int, root: np.ndarray, at: int, nbytes: int) -> None:
         """Bytes ``[address, address + nbytes)`` are now ``root[at:at + nbytes]``, a flat
         ``uint8`` host buffer whose bytes never change (:func:`npu_sim.pieces.immutable`):
-        referred to, not copied, when the allocation holds no real memory yet; copied into it
-        otherwise."""
+        referred to, not copied, when the allocation holds no real memory yet and the host
+        bytes are aligned as ``address`` is (modulo :data:`_VIEW_ALIGNMENT`); copied into it
+        otherwise. A weight referred to at another alignment (inside an ONNX file's protobuf,
+        where a tensor's bytes start anywhere) would be an unaligned array, which numpy copies
+        on every use: GPT-2's runs took 1.8x as long."""
         buf = self.locate(address, nbytes)
         backing = self._backing.get(buf.address)
         offset = address - buf.address
+        if (root.ctypes.data + at - address) % _VIEW_ALIGNMENT:
+            self.store(address, root[at:at + nbytes])  # misaligned: kernels would copy it
+            return
         if backing is None:
             backing = self._backing[buf.address] = Pieces()
         if isinstance(backing, Pieces):
