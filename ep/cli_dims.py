@@ -15,6 +15,7 @@ from typing import Any
 
 
 def add_dim_option(parser: argparse.ArgumentParser) -> None:
+    """Give a command the repeatable ``--dim NAME=VALUE`` option."""
     parser.add_argument("--dim", action="append", default=[], type=dim, metavar="NAME=VALUE",
                         help="fix the model's symbolic dimension NAME to VALUE (repeatable), "
                              "so the NPU can compile what depends on it")
