@@ -426,12 +426,12 @@ class Hbm:
         otherwise. A weight referred to at another alignment (inside an ONNX file's protobuf,
         where a tensor's bytes start anywhere) would be an unaligned array, which numpy copies
         on every use: GPT-2's runs took 1.8x as long."""
-        buf = self.locate(address, nbytes)
-        backing = self._backing.get(buf.address)
-        offset = address - buf.address
         if (root.ctypes.data + at - address) % _VIEW_ALIGNMENT:
             self.store(address, root[at:at + nbytes])  # misaligned: kernels would copy it
             return
+        buf = self.locate(address, nbytes)
+        backing = self._backing.get(buf.address)
+        offset = address - buf.address
         if backing is None:
             backing = self._backing[buf.address] = Pieces()
         if isinstance(backing, Pieces):

@@ -19,6 +19,7 @@ from onnxruntime import OrtValue
 
 from ..errors import EPFail, InvalidArgument, RuntimeException
 from .graph import GraphView
+from .node_args import elem_type_string
 from .partitioner import PartitionPlan
 from .provider import CompiledNode
 
@@ -132,10 +133,7 @@ class PlanExecutor:
 
 def type_string(elem_type: int) -> str:
     """ONNX Runtime's type string of an ONNX element type: ``"tensor(float)"``."""
-    try:
-        return f"tensor({onnx.TensorProto.DataType.Name(elem_type).lower()})"
-    except ValueError:
-        return "tensor(undefined)"
+    return f"tensor({elem_type_string(elem_type)})"
 
 
 def tensor_feed(name: str, raw: Any, elem_type: int) -> np.ndarray:

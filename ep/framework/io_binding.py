@@ -64,16 +64,20 @@ def owned(value: Any, graph: GraphView, name: str) -> OrtValue:
     Python ``OrtValue`` holds, so ``[v.numpy() for v in run_with_ort_values(...)]`` read freed
     memory.) onnxruntime's Python API makes no string ``OrtValue`` and no sequence or map:
     those are ``NotImplemented``."""
+    if not isinstance(value, np.ndarray) or value.dtype.hasobject:
+        raise _no_ortvalue(name, value)
     vi = graph.value_info(name)
     elem_type = vi.type.tensor_type.elem_type if vi is not None else 0
-    if not isinstance(value, np.ndarray) or value.dtype.hasobject or not elem_type:
-        kind = "string tensor" if isinstance(value, np.ndarray) else type(value).__name__
-        raise OrtNotImplemented(f"output {name!r} is a {kind}: an OrtValue of it cannot be made "
-                                "here (onnxruntime's Python API makes tensors of numbers only); "
-                                "run() returns it")
-    out = OrtValue.ortvalue_from_shape_and_type(value.shape, elem_type)
+    out = OrtValue.ortvalue_from_shape_and_type(value.shape, elem_type or value.dtype)
     out.update_inplace(value)
     return out
+
+
+def _no_ortvalue(name: str, value: Any) -> OrtNotImplemented:
+    kind = "string tensor" if isinstance(value, np.ndarray) else type(value).__name__
+    return OrtNotImplemented(f"output {name!r} is a {kind}: an OrtValue of it cannot be made "
+                             "here (onnxruntime's Python API makes tensors of numbers only); "
+                             "run() returns it")
 
 
 def as_arrays(values: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -147,7 +151,7 @@ class IOBinding:
         """The outputs of the last run, in the order they were bound."""
         for name, value in zip(self._outputs, self._results, strict=True):
             if not isinstance(value, OrtValue):
-                owned(value, self._session._graph, name)  # raises its NotImplemented
+                raise _no_ortvalue(name, value)
         return list(self._results)
 
     def copy_outputs_to_cpu(self) -> list[np.ndarray]:

@@ -18,7 +18,7 @@ import onnxruntime
 
 from ..errors import InvalidArgument, RuntimeException
 from . import initializers
-from .context_data import check_function
+from .context_data import ContextDataFunctions, check_function
 from .registry import is_registered, known_elsewhere, unknown_provider
 from .typed_options import Option, TypedOptions, boolean, int32, member, text
 
@@ -101,7 +101,7 @@ class SessionOptions(TypedOptions):
     """
 
     __slots__ = ("_config", "_providers", "_free_dims", "_free_denotations", "_initializers",
-                 "_external_initializers", "_read_context_data")
+                 "_external_initializers", "_context_data")
 
     enable_profiling = Option(boolean, False)
     profile_file_prefix = Option(text, "onnxruntime_profile_")
@@ -129,7 +129,7 @@ class SessionOptions(TypedOptions):
         self._free_denotations: dict[str, int] = {}
         self._initializers: dict[str, Any] = {}
         self._external_initializers: dict[str, Any] = {}
-        self._read_context_data: tuple[Any, int] | None = None
+        self._context_data = ContextDataFunctions()
 
     def add_session_config_entry(self, key: str, value: str) -> None:
         """Set config entry ``key`` to ``value`` (both strings), replacing an earlier value.
@@ -245,16 +245,16 @@ class SessionOptions(TypedOptions):
                 or max_data_size < 0:
             raise TypeError(f"set_ep_context_data_read_func(): max_data_size must be an "
                             f"integer >= 0, got {max_data_size!r}")
-        self._read_context_data = (read_func, int(max_data_size))
+        self._context_data = ContextDataFunctions(read=read_func, max_read_size=int(max_data_size))
 
     def clear_ep_context_data_read_func(self) -> None:
         """Read context binaries from files again."""
-        self._read_context_data = None
+        self._context_data = ContextDataFunctions()
 
     @property
-    def context_data_read(self) -> tuple[Any, int] | None:
-        """``(read_func, max_data_size)`` from :meth:`set_ep_context_data_read_func`."""
-        return self._read_context_data
+    def context_data(self) -> ContextDataFunctions:
+        """The read function of :meth:`set_ep_context_data_read_func` (none by default)."""
+        return self._context_data
 
     @property
     def initializers(self) -> dict[str, Any]:

@@ -40,7 +40,6 @@ import onnxruntime
 from ..errors import EPFail, Fail, InvalidArgument, RuntimeException
 from . import fallback, optimized_model
 from .assignment import EpAssignedSubgraph, assignment_info
-from .context_data import ContextDataFunctions
 from .context_writer import ContextWriter
 from .executor import PlanExecutor, check_present
 from .files import atomic_write
@@ -139,8 +138,7 @@ class InferenceSession:
             make_writer=lambda path: ContextWriter(config, path) if ctx else None,
             wrap=profiler.wrap, initializers=options.initializers,
             external_initializers=options.external_initializers,
-            context_data=ContextDataFunctions(*(None, *options.context_data_read))
-            if options.context_data_read else None)
+            context_data=options.context_data)
         used = [part.provider for part in built.plan.partitions if part.nodes]
         named = providers is not None or options.has_providers()  # not the default list
         fallback.check_cpu_ep_fallback(config, named and CPU_PROVIDER in spec_names(specs), used)

@@ -251,11 +251,11 @@ def _open(info: E.EpContextNode, folder: _Folder, config: DeviceConfig,
           data: ContextDataFunctions) -> ContextBinary:
     try:
         if info.embed_mode == 0 and data.read is not None:  # by name, from the user's function
-            name = os.fsdecode(info.ep_cache_context)
-            key = Path(name)
+            key = _binary_key(info, folder, data)
             if key not in opened:
                 opened[key] = ContextBinary.from_bytes(
-                    read_through(data, name), expected_architecture=config.name,
+                    read_through(data, os.fsdecode(info.ep_cache_context)),
+                    expected_architecture=config.name,
                     expected_config_digest=config.digest, external_folder=folder.or_none(),
                     defer_weights=defer)
                 checks.opened.append((info.name, opened[key]))
@@ -271,7 +271,7 @@ def _open(info: E.EpContextNode, folder: _Folder, config: DeviceConfig,
                                               defer_weights=defer)
             checks.opened.append((info.name, binary))
             return binary
-        path = E.resolve_context_file(info.ep_cache_context, folder(), node=info.name)
+        path = _binary_key(info, folder, data)
         if path not in opened:
             def opener(target: Path) -> ContextBinary:
                 # A binary shared through the workspace outlives this load: verified whole.
@@ -286,6 +286,14 @@ def _open(info: E.EpContextNode, folder: _Folder, config: DeviceConfig,
         if exc.message.startswith(E.LOAD_ERROR):
             raise
         raise E.load_error(f"EPContext node {info.name!r}: {exc.message}") from None
+
+
+def _binary_key(info: E.EpContextNode, folder: _Folder, data: ContextDataFunctions) -> Path:
+    """What an ``embed_mode=0`` node's binary is known by: the name it gives, for the user's
+    read function to read; else the file that name resolves to."""
+    if data.read is not None:
+        return Path(os.fsdecode(info.ep_cache_context))
+    return E.resolve_context_file(info.ep_cache_context, folder(), node=info.name)
 
 
 def load_programs(fused_nodes: Sequence[FusedNode], context: ProviderContext,
@@ -335,9 +343,7 @@ def _load(infos: list[E.EpContextNode], context: ProviderContext, config: Device
         if k in owner:
             continue
         if info.embed_mode == 0 and info.ep_cache_context:
-            path = Path(os.fsdecode(info.ep_cache_context)) \
-                if context.context_data.read is not None else \
-                E.resolve_context_file(info.ep_cache_context, folder(), node=info.name)
+            path = _binary_key(info, folder, context.context_data)
             if path in opened:
                 owner[k] = opened[path]
                 continue
